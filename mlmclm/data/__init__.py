@@ -1,0 +1,1 @@
+"""Data: raw text -> packed webdataset shards -> deterministic, resumable loader."""
