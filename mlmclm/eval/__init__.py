@@ -1,0 +1,1 @@
+"""Downstream evaluation: fine-tune and score HF encoder directories on four task families."""
