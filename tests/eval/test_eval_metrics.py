@@ -29,13 +29,13 @@ def test_squad_normalisation_and_scores():
         ["The Cat!", "black cat", "", "something"],
         [["cat"], ["the cat sat"], [], []],
     )
-    # EM: 1, 0, 1 (empty = unanswerable), 0 -> 50 %; F1: 1, 0.5 (P 1/2, R 1/2), 1, 0 -> 62.5 %
-    assert scores["exact_match"] == pytest.approx(50.0)
-    assert scores["f1"] == pytest.approx(62.5)
+    # EM: 1, 0, 1 (empty = unanswerable), 0 -> 0.5; F1: 1, 0.5 (P 1/2, R 1/2), 1, 0 -> 0.625
+    assert scores["exact_match"] == pytest.approx(0.5)
+    assert scores["f1"] == pytest.approx(0.625)
 
 
 def test_squad_takes_best_gold_answer():
-    assert squad_scores(["Paris"], [["London", "paris"]])["exact_match"] == pytest.approx(100.0)
+    assert squad_scores(["Paris"], [["London", "paris"]])["exact_match"] == pytest.approx(1.0)
 
 
 def test_ndcg_at_10_on_known_ranking():

@@ -1,0 +1,73 @@
+"""Training objectives: pure functions from a packed token batch to model inputs, labels and a loss mask.
+
+    objective = build_objective(ObjectiveConfig(kind="mlm"), special_token_ids=[...], mask_token_id=..,
+                                vocab_size=.., seed=..)
+    batch = objective.prepare(tokens, sample_ids)   # on the device `tokens` lives on
+
+`labels` is IGNORE_INDEX where nothing is predicted and a valid token id wherever `loss_mask` is 1.
+The loss itself (vocab-parallel cross entropy, accuracy) lives in `mlmclm.objectives.loss`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+IGNORE_INDEX = -100
+KINDS = ("clm", "mlm")
+MASK_MODES = ("mask_only", "80_10_10")
+
+
+@dataclass
+class ObjectiveConfig:
+    kind: Literal["clm", "mlm"]
+    mask_ratio: float = 0.4
+    mask_mode: Literal["mask_only", "80_10_10"] = "mask_only"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"objective kind must be one of {KINDS}, got {self.kind!r}")
+        if not 0.0 < float(self.mask_ratio) < 1.0:
+            raise ValueError(f"mask_ratio must be strictly between 0 and 1, got {self.mask_ratio!r}")
+        if self.mask_mode not in MASK_MODES:
+            raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {self.mask_mode!r}")
+
+
+@dataclass
+class ObjectiveBatch:
+    input_ids: torch.Tensor      # LongTensor [b, S]
+    labels: torch.Tensor         # LongTensor [b, S], IGNORE_INDEX where nothing is predicted
+    loss_mask: torch.Tensor      # FloatTensor [b, S], 1 where a label is predicted
+    causal: bool                 # attention type the objective needs
+    num_predicted: torch.Tensor  # 0-dim int64 on the batch's device: predicted tokens, for logging (no sync)
+
+
+class Objective(Protocol):
+    name: str
+    causal: bool
+
+    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor) -> ObjectiveBatch: ...
+
+
+def build_objective(
+    cfg: ObjectiveConfig,
+    *,
+    special_token_ids: list[int],
+    mask_token_id: int,
+    vocab_size: int,
+    seed: int,
+    pad_token_id: int | None = None,
+) -> Objective:
+    """The objective for `cfg`. `special_token_ids` are never masked by MLM. CLM never predicts padding: with
+    `pad_token_id` only the pad (and mask) ids are excluded from labels, without it every special id is."""
+    from mlmclm.objectives.clm import CausalLM
+    from mlmclm.objectives.mlm import MaskedLM
+
+    if cfg.kind == "clm":
+        no_label = special_token_ids if pad_token_id is None else [pad_token_id, mask_token_id]
+        return CausalLM(no_label_ids=no_label)
+    return MaskedLM(
+        mask_ratio=cfg.mask_ratio, mask_mode=cfg.mask_mode, special_token_ids=special_token_ids,
+        mask_token_id=mask_token_id, vocab_size=vocab_size, seed=seed,
+    )

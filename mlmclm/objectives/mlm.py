@@ -1,0 +1,64 @@
+"""Masked LM: select `mask_ratio` of the non-special tokens and predict them, with bidirectional attention.
+
+Selection and corruption use counter-based randoms (see `hashing`): a sample masks the same way on every device,
+parallel layout and restart, given the seed and its global sample index. Everything is vectorised on the batch's
+device.
+"""
+from __future__ import annotations
+
+import torch
+
+from mlmclm.objectives import IGNORE_INDEX, ObjectiveBatch
+from mlmclm.objectives.hashing import threshold, token_randoms
+
+_SELECT, _ACTION, _RANDOM_TOKEN = 1, 2, 3  # independent random streams
+
+
+class MaskedLM:
+    name = "mlm"
+    causal = False
+
+    def __init__(self, *, mask_ratio: float, mask_mode: str, special_token_ids: list[int], mask_token_id: int,
+                 vocab_size: int, seed: int):
+        specials = set(special_token_ids) | {mask_token_id}
+        if not 0 <= mask_token_id < vocab_size:
+            raise ValueError(f"mask_token_id {mask_token_id} outside the vocabulary [0, {vocab_size})")
+        self.mask_ratio = mask_ratio
+        self.mask_mode = mask_mode
+        self.mask_token_id = mask_token_id
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self._specials = sorted(specials)
+        # Random replacements are drawn among ordinary tokens only.
+        self._ordinary = sorted(set(range(vocab_size)) - specials) if mask_mode == "80_10_10" else []
+        self._device_tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._device_tables:
+            self._device_tables[device] = (
+                torch.tensor(self._specials, dtype=torch.int64, device=device),
+                torch.tensor(self._ordinary, dtype=torch.int64, device=device),
+            )
+        return self._device_tables[device]
+
+    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor) -> ObjectiveBatch:
+        if tokens.dim() != 2 or sample_ids.shape != tokens.shape[:1]:
+            raise ValueError(f"expected tokens [b, S] and sample_ids [b], got {tuple(tokens.shape)} and "
+                             f"{tuple(sample_ids.shape)}")
+        specials, ordinary = self._tables(tokens.device)
+        seq_len = tokens.shape[1]
+        sample_ids = sample_ids.to(tokens.device)
+        eligible = ~torch.isin(tokens, specials)
+        selected = eligible & (token_randoms(self.seed, sample_ids, seq_len, _SELECT) < threshold(self.mask_ratio))
+
+        labels = torch.where(selected, tokens, torch.full_like(tokens, IGNORE_INDEX))
+        if self.mask_mode == "mask_only":
+            input_ids = torch.where(selected, torch.full_like(tokens, self.mask_token_id), tokens)
+        else:  # 80% mask, 10% random ordinary token, 10% keep
+            action = token_randoms(self.seed, sample_ids, seq_len, _ACTION)
+            to_mask = selected & (action < threshold(0.8))
+            to_random = selected & (action >= threshold(0.8)) & (action < threshold(0.9))
+            picks = ordinary[token_randoms(self.seed, sample_ids, seq_len, _RANDOM_TOKEN) % ordinary.numel()]
+            input_ids = torch.where(to_mask, torch.full_like(tokens, self.mask_token_id), tokens)
+            input_ids = torch.where(to_random, picks.to(tokens.dtype), input_ids)
+        return ObjectiveBatch(input_ids, labels, selected.float(), causal=False, num_predicted=selected.sum())
