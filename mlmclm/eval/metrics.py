@@ -56,7 +56,7 @@ def _f1_pair(prediction: str, gold: str) -> float:
 
 
 def squad_scores(predictions: Sequence[str], gold_answers: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Exact match and token F1 in percent, best over the gold answers; an empty gold list means unanswerable."""
+    """Exact match and token F1 as fractions in [0, 1], best over the gold answers; an empty gold list means unanswerable."""
     if len(predictions) != len(gold_answers):
         raise ValueError(f"squad_scores: {len(predictions)} predictions for {len(gold_answers)} questions")
     if not predictions:
@@ -66,7 +66,7 @@ def squad_scores(predictions: Sequence[str], gold_answers: Sequence[Sequence[str
         golds = list(golds) or [""]
         exact.append(max(float(normalize_answer(prediction) == normalize_answer(g)) for g in golds))
         f1.append(max(_f1_pair(prediction, g) for g in golds))
-    return {"exact_match": 100.0 * float(np.mean(exact)), "f1": 100.0 * float(np.mean(f1))}
+    return {"exact_match": float(np.mean(exact)), "f1": float(np.mean(f1))}
 
 
 def ndcg_at_k(ranked_doc_ids: Sequence[Sequence[str]], relevant: Sequence[set[str] | dict[str, float]],

@@ -1,0 +1,51 @@
+"""Sequence classification (single texts or pairs): transformers' head with mean pooling, scored by accuracy."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+from mlmclm.eval.metrics import accuracy
+from mlmclm.eval.tasks import TaskData
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, pad_batch, seed_everything,
+                                  train)
+
+
+def _encode(tokenizer, rows, label_ids, max_length):
+    texts = [r["text"] for r in rows]
+    pairs = [r.get("text_pair") for r in rows]
+    has_pairs = any(p is not None for p in pairs)
+    if has_pairs and not all(p is not None for p in pairs):
+        raise ValueError("classification: some rows have 'text_pair' and some do not; use one form per task")
+    encoded = tokenizer(texts, pairs if has_pairs else None, truncation=True, max_length=max_length)
+    return [{"input_ids": ids, "attention_mask": mask, "labels": label_ids[r["label"]]}
+            for ids, mask, r in zip(encoded["input_ids"], encoded["attention_mask"], rows)]
+
+
+def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
+                       eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
+    tokenizer = load_tokenizer(model_dir)
+    label_ids = {label: i for i, label in enumerate(data.labels)}
+    extra = {"classifier_pooling": "mean"} if AutoConfig.from_pretrained(model_dir).model_type == "eurobert" else {}
+    seed_everything(config.seed)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, num_labels=len(data.labels), id2label={i: str(l) for l, i in label_ids.items()},
+        label2id={str(l): i for l, i in label_ids.items()}, **extra)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
+    collate = lambda feats: pad_batch(feats, pads)  # noqa: E731
+    features = _encode(tokenizer, data["train"], label_ids, data.spec.max_length)
+    log = train(model, features, collate, lambda m, b: m(**b).loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
+
+    metrics = {}
+    for split in eval_splits:
+        eval_features = _encode(tokenizer, data[split], label_ids, data.spec.max_length)
+        predictions = []
+        with torch.no_grad():
+            for chunk in batched(eval_features, config.eval_batch_size):
+                batch = collate(chunk)
+                batch.pop("labels")
+                predictions.extend(model(**batch).logits.argmax(-1).tolist())
+        metrics[split] = {"accuracy": accuracy(predictions, [f["labels"] for f in eval_features])}
+    return RunOutcome(metrics=metrics, log=log)

@@ -1,0 +1,71 @@
+"""Retrieval: mean-pooled bi-encoder (shared tower) trained with InfoNCE over in-batch negatives, scored by
+NDCG@10 against the split's own corpus (every positive and negative passage of the split)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mlmclm.eval.heads import MeanPoolingEncoder, info_nce_loss
+from mlmclm.eval.metrics import ndcg_at_k
+from mlmclm.eval.tasks import TaskData
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, pad_batch, seed_everything,
+                                  train)
+
+TEMPERATURE = 0.05
+
+
+def _embed(model, tokenizer, texts, max_length, batch_size):
+    out = []
+    with torch.no_grad():
+        for chunk in batched(texts, batch_size):
+            enc = tokenizer(list(chunk), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+            out.append(model(enc["input_ids"], enc["attention_mask"]))
+    return torch.cat(out)
+
+
+def corpus_of(rows) -> list[str]:
+    """Unique passages of a split in first-seen order (deterministic ids)."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        for passage in row["positives"] + row["negatives"]:
+            seen.setdefault(passage, None)
+    return list(seen)
+
+
+def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
+                  eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
+    tokenizer = load_tokenizer(model_dir)
+    seed_everything(config.seed)
+    model = MeanPoolingEncoder(model_dir)
+    max_length = data.spec.max_length
+
+    pairs = [(row["query"], positive) for row in data["train"] for positive in row["positives"]]
+
+    def collate(chunk):
+        queries = tokenizer([q for q, _ in chunk], truncation=True, max_length=max_length, padding=True)
+        passages = tokenizer([p for _, p in chunk], truncation=True, max_length=max_length, padding=True)
+        pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
+        return (pad_batch([{"input_ids": i, "attention_mask": m} for i, m in
+                           zip(queries["input_ids"], queries["attention_mask"])], pads),
+                pad_batch([{"input_ids": i, "attention_mask": m} for i, m in
+                           zip(passages["input_ids"], passages["attention_mask"])], pads))
+
+    def loss(m, batch):
+        q, p = batch
+        return info_nce_loss(m(**q), m(**p), TEMPERATURE)
+
+    log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
+
+    metrics = {}
+    for split in eval_splits:
+        rows = data[split]
+        corpus = corpus_of(rows)
+        doc_vectors = _embed(model, tokenizer, corpus, max_length, config.eval_batch_size)
+        query_vectors = _embed(model, tokenizer, [r["query"] for r in rows], max_length, config.eval_batch_size)
+        top = (query_vectors @ doc_vectors.T).topk(min(10, len(corpus)), dim=-1).indices.tolist()
+        rankings = [[str(i) for i in ranked] for ranked in top]
+        index = {passage: str(i) for i, passage in enumerate(corpus)}
+        relevant = [{index[p] for p in r["positives"]} for r in rows]
+        metrics[split] = {"ndcg@10": ndcg_at_k(rankings, relevant, k=10)}
+    return RunOutcome(metrics=metrics, log=log)

@@ -1,0 +1,275 @@
+"""Task specifications and loading: local JSONL/parquet files or HF `datasets` names, normalised per family.
+
+Schemas (one JSON object per row; see docs/evaluation.md):
+- classification:        {"text": str, "text_pair": str (optional), "label": int | str}
+- token_classification:  {"tokens": [str], "tags": [str]}          (BIO/IOB2 tags, one per token)
+- qa:                    {"id": str (optional), "question": str, "context": str,
+                          "answers": {"text": [str], "answer_start": [int]} | [str]}  (empty = unanswerable)
+- retrieval:             {"query": str, "positives": [str] | str, "negatives": [str] (optional)}
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("classification", "token_classification", "qa", "retrieval")
+SPLITS = ("train", "validation", "test")
+MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1", "qa": "f1",
+               "retrieval": "ndcg@10"}
+_SPLIT_SEED = 0  # fixed so derived validation/test splits are identical across runs and models
+
+
+class TaskDataError(ValueError):
+    """A task's data is missing or does not follow its family's schema."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One downstream task. Exactly one of `path` (folder with train/validation/test .jsonl or .parquet)
+    and `hf_name` (a `datasets` name, needs network) is set. `columns` maps schema fields to source columns."""
+
+    name: str
+    family: str
+    path: str | None = None
+    hf_name: str | None = None
+    hf_config: str | None = None
+    split_names: dict[str, str] = field(default_factory=dict)
+    columns: dict[str, str] = field(default_factory=dict)
+    max_length: int = 256
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"task name must be non-empty without '/', got {self.name!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"task {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
+        if (self.path is None) == (self.hf_name is None):
+            raise ValueError(f"task {self.name!r}: set exactly one of `path` and `hf_name`")
+        if self.max_length < 8:
+            raise ValueError(f"task {self.name!r}: max_length must be >= 8, got {self.max_length}")
+        unknown = set(self.split_names) - set(SPLITS)
+        if unknown:
+            raise ValueError(f"task {self.name!r}: split_names keys must be among {SPLITS}, got {sorted(unknown)}")
+        for limit in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, limit)
+            if value is not None and value < 1:
+                raise ValueError(f"task {self.name!r}: {limit} must be >= 1, got {value}")
+
+    @property
+    def main_metric(self) -> str:
+        return MAIN_METRIC[self.family]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TaskSpec:
+        try:
+            return cls(**raw)
+        except TypeError as err:
+            raise ValueError(f"bad task entry {raw!r}: {err}") from err
+
+
+@dataclass
+class TaskData:
+    """Normalised rows per split; `labels` is the label inventory (classification / tag set), `notes` says
+    how missing splits were derived."""
+
+    spec: TaskSpec
+    splits: dict[str, list[dict[str, Any]]]
+    labels: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __getitem__(self, split: str) -> list[dict[str, Any]]:
+        return self.splits[split]
+
+
+def load_task_specs(path: Path) -> list[TaskSpec]:
+    """Read a JSON list of task entries (the fields of `TaskSpec`)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read task list {path}: {err}") from err
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: expected a JSON list of task objects")
+    specs = [TaskSpec.from_dict(entry) for entry in raw]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: task names must be unique, got {names}")
+    return specs
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TaskDataError(f"{path}:{number}: invalid JSON ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise TaskDataError(f"{path}:{number}: expected a JSON object per line")
+            rows.append(row)
+    return rows
+
+
+def _read_local_split(folder: Path, split: str) -> list[dict[str, Any]] | None:
+    for suffix in (".jsonl", ".parquet"):
+        candidate = folder / f"{split}{suffix}"
+        if candidate.exists():
+            if suffix == ".jsonl":
+                return _read_jsonl(candidate)
+            import pyarrow.parquet as pq
+
+            return pq.read_table(candidate).to_pylist()
+    return None
+
+
+def _read_hf_splits(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
+    import datasets  # network access; never exercised in tests
+
+    loaded = datasets.load_dataset(spec.hf_name, spec.hf_config)
+    out = {}
+    for split in SPLITS:
+        source = spec.split_names.get(split, split)
+        if source not in loaded:
+            continue
+        dataset = loaded[source]
+        rows = dataset.to_list()
+        # ClassLabel tag sequences (e.g. conll2003 ner_tags) become their string names
+        tag_column = spec.columns.get("tags", "tags")
+        feature = dataset.features.get(tag_column)
+        names = getattr(getattr(feature, "feature", None), "names", None)
+        if names:
+            for row in rows:
+                row[tag_column] = [names[i] for i in row[tag_column]]
+        out[split] = rows
+    return out
+
+
+def _rename(rows: list[dict[str, Any]], columns: dict[str, str]) -> list[dict[str, Any]]:
+    if not columns:
+        return rows
+    return [{**row, **{target: row[source] for target, source in columns.items() if source in row}} for row in rows]
+
+
+def _require(row: dict, key: str, kind: type | tuple, where: str, optional: bool = False) -> Any:
+    if key not in row or row[key] is None:
+        if optional:
+            return None
+        raise TaskDataError(f"{where}: missing field {key!r} (have {sorted(row)})")
+    if not isinstance(row[key], kind):
+        raise TaskDataError(f"{where}: field {key!r} must be {kind}, got {type(row[key]).__name__}")
+    return row[key]
+
+
+def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> dict[str, Any] | None:
+    if family == "classification":
+        label = _require(row, "label", (int, str), where)
+        if isinstance(label, int) and label < 0:  # GLUE-style unlabeled test rows
+            return None
+        out = {"text": _require(row, "text", str, where), "label": label}
+        pair = _require(row, "text_pair", str, where, optional=True)
+        if pair is not None:
+            out["text_pair"] = pair
+        return out
+    if family == "token_classification":
+        tokens = _require(row, "tokens", list, where)
+        tags = _require(row, "tags", list, where)
+        if len(tokens) != len(tags):
+            raise TaskDataError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
+        if not all(isinstance(t, str) for t in tags):
+            raise TaskDataError(f"{where}: field 'tags' must hold strings such as 'B-PER' / 'O'")
+        return {"tokens": [str(t) for t in tokens], "tags": tags}
+    if family == "qa":
+        context = _require(row, "context", str, where)
+        answers = _require(row, "answers", (dict, list), where)
+        if isinstance(answers, dict):
+            texts, starts = list(answers.get("text", [])), list(answers.get("answer_start", []))
+            if len(starts) != len(texts):
+                raise TaskDataError(f"{where}: answers.text and answers.answer_start differ in length")
+        else:  # plain answer strings: locate each in the context (e.g. ReCoRD)
+            texts, starts = list(answers), [context.find(t) for t in answers]
+        for text, start in zip(texts, starts):
+            if start < 0 or context[start:start + len(text)] != text:
+                raise TaskDataError(f"{where}: answer {text!r} is not found at {start} in the context")
+        return {"id": str(row.get("id", index)), "question": _require(row, "question", str, where),
+                "context": context, "answers": {"text": texts, "answer_start": starts}}
+    positives = _require(row, "positives", (list, str), where)
+    positives = [positives] if isinstance(positives, str) else positives
+    if not positives:
+        raise TaskDataError(f"{where}: 'positives' is empty")
+    negatives = _require(row, "negatives", list, where, optional=True) or []
+    return {"query": _require(row, "query", str, where), "positives": positives, "negatives": negatives}
+
+
+def _shuffled(rows: list, seed: int = _SPLIT_SEED) -> list:
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def load_task(spec: TaskSpec) -> TaskData:
+    """Load, validate and normalise a task; derive missing validation/test splits deterministically."""
+    if spec.path is not None:
+        folder = Path(spec.path)
+        if not folder.is_dir():
+            raise TaskDataError(f"task {spec.name!r}: data folder {folder} does not exist")
+        raw = {split: rows for split in SPLITS
+               if (rows := _read_local_split(folder, spec.split_names.get(split, split))) is not None}
+        origin = str(folder)
+    else:
+        raw, origin = _read_hf_splits(spec), f"hf:{spec.hf_name}"
+    if "train" not in raw:
+        raise TaskDataError(f"task {spec.name!r}: no train split in {origin} (expected train.jsonl or train.parquet)")
+
+    splits: dict[str, list[dict[str, Any]]] = {}
+    for split, rows in raw.items():
+        normalised = []
+        for index, row in enumerate(_rename(rows, spec.columns)):
+            out = _normalise_row(spec.family, row, f"{origin} [{split} row {index}]", index)
+            if out is not None:
+                normalised.append(out)
+        if normalised:
+            splits[split] = normalised
+
+    notes = []
+    if "train" not in splits:
+        raise TaskDataError(f"task {spec.name!r}: the train split in {origin} has no labeled rows")
+    if "validation" not in splits and "test" not in splits:
+        rows = _shuffled(splits["train"])
+        tenth = max(1, len(rows) // 10)
+        splits["validation"], splits["test"], splits["train"] = rows[:tenth], rows[tenth:2 * tenth], rows[2 * tenth:]
+        notes.append("validation and test are each 10 % of train (shuffled with seed 0)")
+    elif "test" not in splits or "validation" not in splits:
+        present = "validation" if "validation" in splits else "test"
+        rows = _shuffled(splits[present])
+        half = len(rows) // 2
+        if half == 0:
+            raise TaskDataError(f"task {spec.name!r}: {present} has one row, too few to derive the missing split")
+        splits["validation"], splits["test"] = rows[:half], rows[half:]
+        notes.append(f"validation and test are the two halves of the labeled {present} split (seed 0)")
+
+    if spec.max_train_examples is not None and len(splits["train"]) > spec.max_train_examples:
+        splits["train"] = _shuffled(splits["train"])[: spec.max_train_examples]
+    if spec.max_eval_examples is not None:
+        for split in ("validation", "test"):
+            if len(splits[split]) > spec.max_eval_examples:
+                splits[split] = _shuffled(splits[split])[: spec.max_eval_examples]
+
+    labels: list[Any] = []
+    if spec.family == "classification":
+        labels = sorted({row["label"] for row in splits["train"]}, key=lambda v: (str(type(v)), v))
+        if len(labels) < 2:
+            raise TaskDataError(f"task {spec.name!r}: train has fewer than two distinct labels ({labels})")
+        for split in ("validation", "test"):
+            unseen = {row["label"] for row in splits[split]} - set(labels)
+            if unseen:
+                raise TaskDataError(f"task {spec.name!r}: {split} has labels never seen in train: {sorted(unseen)}")
+    elif spec.family == "token_classification":
+        tags = {tag for row in splits["train"] for tag in row["tags"]}
+        labels = ["O"] + sorted(tags - {"O"})
+    return TaskData(spec=spec, splits=splits, labels=labels, notes=notes)
