@@ -1,0 +1,6 @@
+"""EuroBERT on megatron-core: config presets, layer specs, builder, HF weight mapping."""
+from mlmclm.model.build import build_model, is_causal, set_causal
+from mlmclm.model.config import PRESETS, ModelConfig, preset
+from mlmclm.model.precision import PrecisionConfig
+
+__all__ = ["PRESETS", "ModelConfig", "PrecisionConfig", "build_model", "is_causal", "preset", "set_causal"]

@@ -1,0 +1,105 @@
+"""EuroBERT model shapes: a dataclass with named presets, validated against a parallel layout."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from mlmclm.parallel.runtime import ParallelConfig
+
+
+@dataclass
+class ModelConfig:
+    """A EuroBERT shape: Llama blocks (RMSNorm, SwiGLU, GQA, RoPE, no biases) with an untied LM head."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int = 128256
+    max_position_embeddings: int = 8192
+    rope_theta: float = 10_000.0  # the paper's pretraining value; released EuroBERT uses 250 000
+    rope_scaling: dict | None = None  # Llama-3 style {"factor", "low_freq_factor", "high_freq_factor", ...}
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    make_vocab_divisible_by: int = 128  # padded vocab = multiple of this × TP (megatron's convention)
+    name: str = "custom"
+
+    def __post_init__(self):
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+                    "vocab_size", "max_position_embeddings", "make_vocab_divisible_by"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_attention_heads {self.num_attention_heads} is not divisible by num_kv_heads "
+                f"{self.num_kv_heads} (grouped-query attention shares each KV head among whole groups)"
+            )
+        if self.rope_theta <= 0:
+            raise ValueError(f"model.rope_theta must be > 0, got {self.rope_theta}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, tensor_parallel: int) -> int:
+        multiple = self.make_vocab_divisible_by * tensor_parallel
+        return -(-self.vocab_size // multiple) * multiple
+
+    def validate_layout(self, parallel: ParallelConfig) -> None:
+        """Raise a clear error when this shape cannot be split the way `parallel` asks."""
+        tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+        vpp = parallel.virtual_pipeline_parallel or 1
+        if self.num_attention_heads % tp:
+            raise ValueError(
+                f"model.num_attention_heads {self.num_attention_heads} is not divisible by tensor_parallel {tp}"
+            )
+        if self.num_kv_heads % tp:
+            raise ValueError(
+                f"model.num_kv_heads {self.num_kv_heads} is not divisible by tensor_parallel {tp}: each TP rank "
+                f"must own whole KV heads (use a TP size that divides {self.num_kv_heads})"
+            )
+        if self.ffn_hidden_size % tp:
+            raise ValueError(f"model.ffn_hidden_size {self.ffn_hidden_size} is not divisible by tensor_parallel {tp}")
+        if self.num_layers % (pp * vpp):
+            raise ValueError(
+                f"model.num_layers {self.num_layers} is not divisible by pipeline_parallel × "
+                f"virtual_pipeline_parallel = {pp}×{vpp}"
+            )
+
+    def with_overrides(self, **overrides) -> "ModelConfig":
+        unknown = set(overrides) - set(asdict(self))
+        if unknown:
+            raise ValueError(f"unknown model field(s): {sorted(unknown)}")
+        return replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        return cls(**data)
+
+
+# Shapes from the EuroBERT paper (210m/610m/2.1b released; 1b is the paper's intermediate size).
+PRESETS: dict[str, ModelConfig] = {
+    "eurobert-210m": ModelConfig(12, 768, 12, 12, 3072, name="eurobert-210m"),
+    "eurobert-610m": ModelConfig(26, 1152, 18, 6, 4096, name="eurobert-610m"),
+    "eurobert-1b": ModelConfig(28, 1728, 18, 6, 5120, name="eurobert-1b"),
+    "eurobert-2.1b": ModelConfig(32, 2304, 18, 6, 6144, name="eurobert-2.1b"),
+    # Tiny shapes for tests and the CPU demo.
+    "tiny": ModelConfig(4, 128, 4, 2, 256, vocab_size=8192, max_position_embeddings=1024,
+                        make_vocab_divisible_by=64, name="tiny"),
+    "tiny-test": ModelConfig(4, 64, 4, 2, 128, vocab_size=256, max_position_embeddings=256,
+                             make_vocab_divisible_by=64, name="tiny-test"),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].with_overrides(**overrides) if overrides else replace(PRESETS[name])

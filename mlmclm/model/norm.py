@@ -1,0 +1,28 @@
+"""RMSNorm usable under sequence parallelism with megatron's local layers."""
+from __future__ import annotations
+
+import torch
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from mlmclm.parallel.runtime import current_device
+
+
+class RMSNorm(torch.nn.Module):
+    """y = w · x / sqrt(mean(x²) + eps), computed in fp32 like Hugging Face's EuroBERT.
+
+    megatron's torch-norm wrapper refuses sequence parallelism; this one marks its weight with
+    `sequence_parallel` (as Transformer Engine's norms do) so megatron all-reduces its gradient across TP ranks,
+    each of which saw only a slice of the sequence.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=current_device()))
+        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)

@@ -1,0 +1,33 @@
+"""Start N local worker processes wired as a torch.distributed job (what torchrun does, in-process).
+
+Used by multi-process tests and CPU benchmarks; real runs use torchrun or Slurm (see `cluster/`).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(local_rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    # One thread per rank: ranks share the machine's cores, and fewer threads keep results reproducible.
+    import torch
+
+    torch.set_num_threads(1)
+    fn(*args)
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
+    """Run `fn(*args)` on `world_size` fresh processes; raises if any of them fails."""
+    mp.start_processes(_worker, args=(fn, world_size, _free_port(), args), nprocs=world_size,
+                       join=True, start_method="spawn")
