@@ -1,0 +1,179 @@
+"""The evaluation protocol: LR grid x seeds per (model, task), one JSON per run, resumable, then selection of the
+learning rate on validation and reporting on test."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from mlmclm.eval.runner import finetune_and_score
+from mlmclm.eval.tasks import TaskData, TaskSpec, load_task
+from mlmclm.eval.training import FinetuneConfig
+
+PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
+PAPER_SEEDS = (0, 1, 2, 3, 4)
+RUNS_FOLDER = "runs"
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """Grid and budget shared by every task (paper defaults: 6 LRs, 5 seeds, <= 1000 steps or one epoch,
+    batch 32, 10 % warmup then linear decay)."""
+
+    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
+    seeds: tuple[int, ...] = PAPER_SEEDS
+    max_steps: int = 1000
+    max_epochs: int = 1
+    batch_size: int = 32
+    warmup_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
+            raise ValueError(f"learning_rates must be a non-empty list of positive values, got {self.learning_rates}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
+        FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
+                       batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)  # validates the budget
+
+    def finetune_config(self, learning_rate: float, seed: int) -> FinetuneConfig:
+        return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=self.max_steps,
+                              max_epochs=self.max_epochs, batch_size=self.batch_size,
+                              warmup_fraction=self.warmup_fraction)
+
+
+@dataclass
+class RunRecord:
+    """What one run writes (`runs/<model>/<task>/lr<lr>_seed<seed>.json`)."""
+
+    model: str
+    task: str
+    family: str
+    main_metric: str
+    learning_rate: float
+    seed: int
+    validation: dict[str, float]
+    test: dict[str, float]
+    diverged: bool
+    steps: int
+    train_loss_first: float
+    train_loss_last: float
+    fingerprint: str
+    model_dir: str = ""
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def validation_score(self) -> float:
+        return _score(self.validation.get(self.main_metric, float("nan")))
+
+    @property
+    def test_score(self) -> float:
+        return _score(self.test.get(self.main_metric, float("nan")))
+
+    @classmethod
+    def from_json(cls, path: Path) -> RunRecord:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        return cls(**known)
+
+
+def _score(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:
+    """Changes when anything that affects the result changes, so resume never reuses a stale run."""
+    model_dir = Path(model_dir)
+    weights = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
+    stamp = [(p.name, p.stat().st_size) for p in weights]
+    payload = json.dumps({"spec": asdict(spec), "config": asdict(config), "weights": stamp}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def run_path(output_dir: Path, model: str, task: str, learning_rate: float, seed: int) -> Path:
+    return Path(output_dir) / RUNS_FOLDER / model / task / f"lr{learning_rate:g}_seed{seed}.json"
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write to a temporary sibling then rename, so a crash never leaves a half-written file under the final name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, allow_nan=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _finished(path: Path, fingerprint: str) -> RunRecord | None:
+    if not path.exists():
+        return None
+    try:
+        record = RunRecord.from_json(path)
+    except (json.JSONDecodeError, TypeError, KeyError):
+        return None
+    return record if record.fingerprint == fingerprint else None
+
+
+def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], output_dir: Path,
+             protocol: ProtocolConfig, progress: bool = True) -> list[RunRecord]:
+    """Every (model, task, lr, seed) run; finished runs (same fingerprint) are read back instead of re-run."""
+    for label, directory in model_dirs.items():
+        if not label or "/" in label:
+            raise ValueError(f"model label must be non-empty without '/', got {label!r}")
+        if not (Path(directory) / "config.json").exists():
+            raise FileNotFoundError(f"model {label!r}: {directory} is not a Hugging Face model directory (no config.json)")
+    loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
+    plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
+            for lr in protocol.learning_rates for seed in protocol.seeds]
+    records = []
+    bar = tqdm(plan, desc="evaluation runs", unit="run", disable=not progress, dynamic_ncols=True)
+    for label, directory, data, lr, seed in bar:
+        bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
+        config = protocol.finetune_config(lr, seed)
+        fingerprint = run_fingerprint(directory, data.spec, config)
+        path = run_path(output_dir, label, data.spec.name, lr, seed)
+        record = _finished(path, fingerprint)
+        if record is None:
+            started = time.perf_counter()
+            outcome = finetune_and_score(directory, data, config)
+            record = RunRecord(model=label, task=data.spec.name, family=data.spec.family,
+                               main_metric=data.spec.main_metric, learning_rate=lr, seed=seed,
+                               validation=outcome.metrics["validation"], test=outcome.metrics["test"],
+                               diverged=outcome.log.diverged, steps=outcome.log.steps,
+                               train_loss_first=outcome.log.first_loss, train_loss_last=outcome.log.last_loss,
+                               fingerprint=fingerprint, model_dir=str(directory),
+                               seconds=round(time.perf_counter() - started, 3), extra={"notes": data.notes})
+            write_json_atomic(path, asdict(record))
+        records.append(record)
+    return records
+
+
+def load_records(output_dir: Path) -> list[RunRecord]:
+    """All run JSONs under `output_dir/runs` (sorted by path)."""
+    return [RunRecord.from_json(p) for p in sorted((Path(output_dir) / RUNS_FOLDER).glob("*/*/*.json"))]
+
+
+def select_learning_rate(records: list[RunRecord]) -> float:
+    """The LR with the best mean *validation* score over seeds (non-finite scores count as worst; ties -> smaller LR).
+    Test scores are never looked at here."""
+    if not records:
+        raise ValueError("select_learning_rate: no runs")
+    by_lr: dict[float, list[float]] = defaultdict(list)
+    for record in records:
+        score = record.validation_score
+        by_lr[record.learning_rate].append(score if math.isfinite(score) else -math.inf)
+    return max(sorted(by_lr), key=lambda lr: (float(np.mean(by_lr[lr])), -lr))
+
+
+def group_runs(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+    groups: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    for record in records:
+        groups[(record.model, record.task)].append(record)
+    return dict(groups)
