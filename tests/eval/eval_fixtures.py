@@ -15,10 +15,11 @@ FILLER = ["the", "a", "cat", "dog", "sat", "ran", "good", "bad", "film", "was", 
 WORDS = NAMES + CITIES + FILLER
 
 
-def save_tiny_model(directory: Path, seed: int = 0) -> Path:
-    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+def save_tiny_model(directory: Path, seed: int = 0, words=None) -> Path:
+    """Random 2-layer EuroBERT (hidden 32) + word-level tokenizer over `words` (default: the fixture words)."""
+    vocab = {token: i for i, token in enumerate(SPECIALS + list(dict.fromkeys(words or WORDS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
     bos, eos = vocab["<|begin_of_text|>"], vocab["<|end_of_text|>"]
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A <|end_of_text|>",
@@ -28,7 +29,7 @@ def save_tiny_model(directory: Path, seed: int = 0) -> Path:
                                    mask_token="<|mask|>", pad_token="<|pad|>", unk_token="<unk>")
     torch.manual_seed(seed)
     config = EuroBertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
                             pad_token_id=vocab["<|pad|>"], bos_token_id=bos, eos_token_id=eos,
                             mask_token_id=vocab["<|mask|>"])
     EuroBertForMaskedLM(config).save_pretrained(directory)
