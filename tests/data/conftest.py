@@ -1,0 +1,48 @@
+import json
+import random
+
+import pytest
+
+from mlmclm.data.tokenizer import train_bpe
+
+WORDS = ("the king queen crown sword love night day speak hence fair foul tomorrow brief candle "
+         "sound fury signifying nothing player stage hour").split()
+
+
+def make_docs(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 120))]
+        docs.append(f"Doc {i}: " + " ".join(words) + rng.choice([".", "!", "?\nNew line."]))
+    return docs
+
+
+@pytest.fixture(scope="session")
+def tok_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "small-bpe"
+    train_bpe(make_docs(200, seed=99), 300, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def docs():
+    return make_docs(400)
+
+
+def write_jsonl(path, docs, field="text"):
+    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory, tok_dir, docs):
+    """A small prepared dataset: 400 documents, rows of 32 tokens, 100 rows per shard."""
+    from mlmclm.data.prepare import PrepareConfig, prepare
+
+    src = tmp_path_factory.mktemp("src")
+    write_jsonl(src / "docs.jsonl", docs)
+    out = tmp_path_factory.mktemp("ds")
+    prepare(PrepareConfig(inputs=[str(src / "docs.jsonl")], output_dir=str(out), tokenizer=str(tok_dir),
+                          seq_length=32, samples_per_shard=100, rows_per_block=16, workers=1, progress=False))
+    return out
