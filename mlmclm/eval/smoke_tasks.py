@@ -12,6 +12,7 @@ They are a smoke test of the pipeline, not a benchmark of record.
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -88,6 +89,7 @@ def _split(rows: list, sizes: SmokeSizes, seed: int) -> dict[str, list]:
             "test": rows[sizes.train + sizes.validation:needed]}
 
 
+@functools.lru_cache(maxsize=1)  # reading and parsing the corpus is the slow part
 def _load_plays() -> dict[str, tuple[str, list[Speech]]]:
     from mlmclm.data.corpus import load_works
 

@@ -1,0 +1,132 @@
+"""Comparison of several runs: loss per objective vs tokens, downstream score vs pretraining steps, stability;
+PNG plots and a Markdown table labelled by run (e.g. CLM / MLM-40 / CLM25->MLM75)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlmclm.eval.data_efficiency import CURVE_FILE, read_curve
+from mlmclm.eval.protocol import load_records
+from mlmclm.eval.summary import family_results, stability_results
+from mlmclm.eval.tensorboard_logs import OBJECTIVES, loss_tag, read_scalars, tokens_at
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """One run to compare: its TensorBoard log folder and/or its evaluation output folder."""
+
+    label: str
+    log_dir: Path | None = None
+    eval_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            raise ValueError("run label must be non-empty")
+        if self.log_dir is None and self.eval_dir is None:
+            raise ValueError(f"run {self.label!r}: give a TensorBoard log folder, an eval folder, or both")
+        for name in ("log_dir", "eval_dir"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_dir():
+                raise FileNotFoundError(f"run {self.label!r}: {name} {path} is not a folder")
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value * scale:.{digits}g}"
+
+
+def compare_runs(runs: list[RunInputs], output_dir: Path) -> Path:
+    """Write loss_vs_tokens.png, downstream_vs_steps.png, stability.png (each when there is data) and
+    comparison.md under `output_dir`; returns the Markdown path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    if not runs:
+        raise ValueError("compare_runs: no runs given")
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"compare_runs: run labels must be unique, got {labels}")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    scalars = {r.label: read_scalars(r.log_dir) for r in runs if r.log_dir is not None}
+    curves = {r.label: read_curve(Path(r.eval_dir) / CURVE_FILE) for r in runs
+              if r.eval_dir is not None and (Path(r.eval_dir) / CURVE_FILE).exists()}
+    records = {r.label: load_records(r.eval_dir) for r in runs if r.eval_dir is not None}
+    records = {k: v for k, v in records.items() if v}
+    images = []
+
+    if scalars:
+        fig, axes = plt.subplots(1, len(OBJECTIVES), figsize=(6 * len(OBJECTIVES), 4), squeeze=False)
+        for ax, objective in zip(axes[0], OBJECTIVES):
+            for label, series in scalars.items():
+                loss = series.get(loss_tag(objective))
+                if loss is None:
+                    continue
+                tokens = tokens_at(series, loss.steps)
+                ax.plot(loss.steps if tokens is None else tokens, loss.values, label=label)
+            ax.set_title(f"{objective.upper()} loss")
+            ax.set_xlabel("consumed tokens (steps where not logged)")
+            ax.set_ylabel("loss")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend()
+        images.append(_save(fig, output_dir / "loss_vs_tokens.png"))
+
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, points in curves.items():
+            ax.plot([p["iteration"] for p in points], [100 * p["mean_score"] for p in points], marker="o", label=label)
+        ax.set_xlabel("pretraining iteration")
+        ax.set_ylabel("mean downstream test score (%)")
+        ax.legend()
+        images.append(_save(fig, output_dir / "downstream_vs_steps.png"))
+
+    if records:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        data = [[100 * r.test_score for r in recs if math.isfinite(r.test_score)] for recs in records.values()]
+        ax.boxplot(data, tick_labels=list(records))
+        ax.set_ylabel("test score of every (task, LR, seed) run (%)")
+        ax.set_title("stability over seeds and learning rates")
+        images.append(_save(fig, output_dir / "stability.png"))
+
+    lines = ["# Run comparison", "", "| run | final CLM loss | final MLM loss | tokens | "
+             + " | ".join(f"{f} (test %)" for f in _families(records)) + " | std all runs | diverged |",
+             "|---|---|---|---|" + "---|" * len(_families(records)) + "---|---|"]
+    for label in labels:
+        series = scalars.get(label, {})
+        losses = [_fmt(float(series[loss_tag(o)].values[-1])) if loss_tag(o) in series else "n/a" for o in OBJECTIVES]
+        tokens = "n/a"
+        if series:
+            last_step = max(int(s.steps[-1]) for s in series.values() if s.steps.size)
+            at = tokens_at(series, np.array([last_step]))
+            tokens = "n/a" if at is None else f"{at[0]:.3g}"
+        fam = {f.family: f.test_mean for f in family_results(records[label])} if label in records else {}
+        stab = [s for s in stability_results(records[label]) if s.task == "(all)"] if label in records else []
+        cells = [_fmt(fam.get(f), 100) for f in _families(records)]
+        lines.append(f"| {label} | {' | '.join(losses)} | {tokens} | " + "".join(f"{c} | " for c in cells)
+                     + f"{_fmt(stab[0].std_over_runs, 100) if stab else 'n/a'} | "
+                     + f"{(f'{100 * stab[0].diverged_fraction:.0f} %') if stab else 'n/a'} |")
+    lines += ["", "Plots: " + (", ".join(f"![{p.stem}]({p.name})" for p in images) if images else "none (no data)")]
+    markdown = output_dir / "comparison.md"
+    tmp = markdown.with_name("comparison.md.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(markdown)
+    return markdown
+
+
+def _families(records) -> list[str]:
+    return sorted({r.family for recs in records.values() for r in recs})
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

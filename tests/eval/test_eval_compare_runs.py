@@ -1,0 +1,65 @@
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from mlmclm.eval.compare import RunInputs, compare_runs
+from mlmclm.eval.protocol import RunRecord, run_path, write_json_atomic
+from mlmclm.eval.tensorboard_logs import TAG_TOKENS, loss_tag, read_scalars
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_log(folder: Path, objectives, final_loss):
+    writer = SummaryWriter(log_dir=str(folder))
+    for step in range(1, 11):
+        for objective in objectives:
+            writer.add_scalar(loss_tag(objective), final_loss + (10 - step) * 0.1, step)
+        writer.add_scalar(TAG_TOKENS, step * 512, step)
+    writer.close()
+
+
+def write_eval(folder: Path, label, scores):
+    for seed, score in enumerate(scores):
+        record = RunRecord(model=label, task="sst", family="classification", main_metric="accuracy",
+                           learning_rate=1e-4, seed=seed, validation={"accuracy": score}, test={"accuracy": score},
+                           diverged=False, steps=5, train_loss_first=1.0, train_loss_last=0.5, fingerprint="f")
+        write_json_atomic(run_path(folder, label, "sst", 1e-4, seed), asdict(record))
+    write_json_atomic(folder / "curve.json", {"points": [
+        {"iteration": 100, "mean_score": scores[0] - 0.1}, {"iteration": 200, "mean_score": scores[0]}]})
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    write_log(tmp_path / "clm" / "tb", ["clm"], final_loss=2.5)
+    write_log(tmp_path / "mix" / "tb", ["clm", "mlm"], final_loss=3.0)
+    write_eval(tmp_path / "clm" / "eval", "CLM", [0.6, 0.7])
+    write_eval(tmp_path / "mix" / "eval", "CLM25-MLM75", [0.8, 0.9])
+    return tmp_path
+
+
+def test_read_scalars_round_trip(two_runs):
+    scalars = read_scalars(two_runs / "mix" / "tb")
+    assert list(scalars[TAG_TOKENS].steps) == list(range(1, 11))
+    assert scalars[loss_tag("mlm")].values[-1] == pytest.approx(3.0)
+
+
+def test_compare_runs_writes_pngs_and_table(two_runs):
+    out = two_runs / "cmp"
+    table = compare_runs([RunInputs("CLM", two_runs / "clm" / "tb", two_runs / "clm" / "eval"),
+                          RunInputs("CLM25-MLM75", two_runs / "mix" / "tb", two_runs / "mix" / "eval")], out)
+    for name in ("loss_vs_tokens.png", "downstream_vs_steps.png", "stability.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    text = table.read_text()
+    # final losses, tokens at the last step, and family test mean (percent) per run
+    assert "| CLM | 2.5 | n/a | 5.12e+03 | 65 |" in text
+    assert "| CLM25-MLM75 | 3 | 3 | 5.12e+03 | 85 |" in text
+
+
+def test_compare_runs_cli_errors_on_missing_folder(tmp_path):
+    result = subprocess.run([sys.executable, "tools/compare_runs.py", "--run", f"A={tmp_path / 'missing'}",
+                             "--output", str(tmp_path / "o")], capture_output=True, text=True)
+    assert result.returncode != 0 and "is not a folder" in result.stderr
