@@ -9,7 +9,8 @@ from mlmclm.eval.summary import write_summary
 
 
 def run_smoke_evaluation(model_dirs: dict[str, Path], output_dir: Path, lrs: tuple[float, ...] = (1e-4, 5e-4),
-                         seeds: tuple[int, ...] = (0,), max_steps: int = 30, batch_size: int = 16,
+                         seeds: tuple[int, ...] = (0,), max_steps: int = 30, max_epochs: int = 3,
+                         batch_size: int = 16,
                          sizes: SmokeSizes = SmokeSizes(), progress: bool = True) -> Path:
     """Fine-tune every model on the four smoke tasks (LR grid x seeds), write run JSONs under
     `output_dir/runs`, and return the path of `output_dir/summary.md`. Re-running skips finished runs."""
@@ -18,7 +19,7 @@ def run_smoke_evaluation(model_dirs: dict[str, Path], output_dir: Path, lrs: tup
     output_dir = Path(output_dir)
     specs = write_smoke_tasks(output_dir / "smoke_tasks", sizes=sizes)
     protocol = ProtocolConfig(learning_rates=tuple(lrs), seeds=tuple(seeds), max_steps=max_steps,
-                              batch_size=batch_size)
+                              max_epochs=max_epochs, batch_size=batch_size)
     records = run_grid({label: Path(d) for label, d in model_dirs.items()}, specs, output_dir, protocol,
                        progress=progress)
     return write_summary(records, output_dir)

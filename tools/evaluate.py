@@ -1,0 +1,90 @@
+"""Fine-tune and evaluate Hugging Face encoder directories on downstream tasks (docs/evaluation.md).
+
+  python tools/evaluate.py grid --model CLM=out/clm_hf --smoke --output eval/clm
+  python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm   # paper protocol
+  python tools/evaluate.py curve --run-dir runs/clm --smoke --lrs 1e-4 --seeds 0 --output eval/clm_curve
+  python tools/evaluate.py summary --output eval/clm            # rebuild summary.md from the run JSONs
+Re-running a command skips runs already finished.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mlmclm.eval.data_efficiency import evaluate_checkpoints
+from mlmclm.eval.presets import PRESETS, preset_task
+from mlmclm.eval.protocol import PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records, run_grid
+from mlmclm.eval.smoke_tasks import write_smoke_tasks
+from mlmclm.eval.summary import write_summary
+from mlmclm.eval.tasks import TaskDataError, load_task_specs
+
+
+def _tasks(args) -> list:
+    specs = []
+    if args.smoke:
+        specs += write_smoke_tasks(args.output / "smoke_tasks")
+    if args.tasks:
+        specs += load_task_specs(args.tasks)
+    specs += [preset_task(name) for name in args.preset or []]
+    if not specs:
+        raise ValueError("no tasks: pass --smoke, --tasks FILE.json and/or --preset NAME")
+    return specs
+
+
+def _protocol(args) -> ProtocolConfig:
+    return ProtocolConfig(learning_rates=tuple(args.lrs), seeds=tuple(args.seeds), max_steps=args.max_steps,
+                          max_epochs=args.max_epochs, batch_size=args.batch_size)
+
+
+def _models(values: list[str]) -> dict[str, Path]:
+    models = {}
+    for value in values:
+        label, sep, path = value.partition("=")
+        if not sep or not label or not path:
+            raise ValueError(f"--model {value!r}: expected LABEL=HF_MODEL_DIR")
+        models[label] = Path(path)
+    return models
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    grid = commands.add_parser("grid", help="LR x seed grid on each task for each model, then the summary")
+    curve = commands.add_parser("curve", help="export + evaluate every checkpoint of a training run")
+    summary = commands.add_parser("summary", help="rebuild summary.md / summary.json from existing run JSONs")
+    for sub in (grid, curve):
+        sub.add_argument("--smoke", action="store_true", help="the embedded smoke tasks (offline)")
+        sub.add_argument("--tasks", type=Path, help="JSON list of task specs (docs/evaluation.md)")
+        sub.add_argument("--preset", action="append", choices=sorted(PRESETS), help="paper task by HF name")
+        sub.add_argument("--lrs", type=float, nargs="+", default=list(PAPER_LEARNING_RATES))
+        sub.add_argument("--seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
+        sub.add_argument("--max-steps", type=int, default=1000)
+        sub.add_argument("--max-epochs", type=int, default=1)
+        sub.add_argument("--batch-size", type=int, default=32)
+    grid.add_argument("--model", action="append", required=True, metavar="LABEL=HF_MODEL_DIR")
+    curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")
+    curve.add_argument("--every", type=int, default=1, help="evaluate every N-th checkpoint (the last always)")
+    for sub in (grid, curve, summary):
+        sub.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "grid":
+            records = run_grid(_models(args.model), _tasks(args), args.output, _protocol(args))
+            print(write_summary(records, args.output))
+        elif args.command == "curve":
+            print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
+        else:
+            records = load_records(args.output)
+            if not records:
+                raise FileNotFoundError(f"{args.output}: no run JSONs under runs/")
+            print(write_summary(records, args.output))
+    except (ValueError, FileNotFoundError, TaskDataError, ImportError) as err:
+        print(f"evaluate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
