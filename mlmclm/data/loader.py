@@ -83,7 +83,9 @@ class PackedLoader:
         tokens, document_ids = read_shard(self.manifest.shard_url(info.name), info, self.manifest.seq_length,
                                           self._pad_id)
         rows = np.random.default_rng([self.cfg.seed, epoch, shard]).permutation(info.num_samples)
-        return tokens, document_ids, rows
+        # Converted once per shard here (on the prefetch thread), so a batch costs one gather per tensor.
+        # (numpy, not torch, for the gathers: torch's CPU allocator pays page faults on every fresh batch.)
+        return tokens.astype(np.int64), document_ids, rows
 
     def _submit(self, shard: int, epoch: int) -> Future:
         key = (epoch, shard)
@@ -159,9 +161,8 @@ class PackedLoader:
         self._walk(self.dp_rank * per_rank, collect=False)
         pieces = self._walk(per_rank, collect=True)
         self._walk((self.dp_size - self.dp_rank - 1) * per_rank, collect=False)
-        tokens = torch.from_numpy(np.concatenate([p[0] for p in pieces]).astype(np.int64))
-        document_ids = torch.from_numpy(np.concatenate([p[1] for p in pieces]).astype(np.int64))
-        sample_ids = torch.from_numpy(np.concatenate([p[2] for p in pieces]))
+        tokens, document_ids, sample_ids = (torch.from_numpy(p[0] if len(p) == 1 else np.concatenate(p))
+                                            for p in zip(*pieces))
         mb = self.cfg.micro_batch_size
         return [
             {"tokens": tokens[i:i + mb], "sample_ids": sample_ids[i:i + mb], "document_ids": document_ids[i:i + mb]}

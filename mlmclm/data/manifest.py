@@ -3,7 +3,7 @@
 Shard layout (webdataset tar): each webdataset sample is a *block* of consecutive packed rows, stored as
 `<key>.tokens.npy` (int32 [rows, seq_length]) and `<key>.doc_starts.npy` (int64 flat positions `row * S + col`,
 col > 0, where a new document begins inside a row). Blocks keep reading at memory speed; the manifest counts
-rows (samples), and `checksum` (crc32 of all token bytes) lets the loader detect corrupt shards cheaply.
+rows (samples), and `checksum` (sum of all token ids mod 2**64) lets the loader detect corrupt shards cheaply.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class ShardInfo:
     name: str
     num_samples: int
     num_tokens: int   # real (non-pad) tokens
-    checksum: int     # crc32 of the shard's token bytes, block after block
+    checksum: int     # sum of the shard's token ids mod 2**64 (shards.token_checksum)
 
 
 @dataclass

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import tarfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,11 @@ TOKENS, DOC_STARTS = "tokens.npy", "doc_starts.npy"
 
 class ShardError(ValueError):
     """A shard is missing, truncated, corrupt or does not match the manifest."""
+
+
+def token_checksum(tokens: np.ndarray, previous: int = 0) -> int:
+    """Sum of the token ids mod 2**64: catches corrupt or zeroed data at memory speed (crc32 is ~5x slower)."""
+    return (previous + int(np.add.reduce(tokens.reshape(-1).view(np.uint32), dtype=np.uint64))) % (1 << 64)
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -35,7 +40,7 @@ def write_shard(path: Path, blocks: list[tuple[np.ndarray, np.ndarray]], pad_id:
         with open(tmp, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
             for tokens, starts in blocks:
                 writer.write({"__key__": f"{rows:08d}", TOKENS: _npy(tokens), DOC_STARTS: _npy(starts)})
-                checksum = zlib.crc32(np.ascontiguousarray(tokens).data, checksum)
+                checksum = token_checksum(np.ascontiguousarray(tokens, dtype=np.int32), checksum)
                 rows += len(tokens)
                 real += int(tokens.size if pad_id is None else np.count_nonzero(tokens != pad_id))
         os.replace(tmp, path)
@@ -53,7 +58,7 @@ def _open(url: str):
 
 
 def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """All rows of a shard: tokens [n, S] int32 and document ids [n, S] int32 (index of the document inside its
+    """All rows of a shard: tokens [n, S] int32 and document ids [n, S] int64 (index of the document inside its
     row; 0 for the document the row starts in). Validated against the manifest; raises ShardError naming it."""
     try:
         tokens, starts = _read_blocks(url, seq_length)
@@ -64,7 +69,7 @@ def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None) -
     problems = []
     if len(tokens) != info.num_samples:
         problems.append(f"{len(tokens)} samples, manifest says {info.num_samples}")
-    elif zlib.crc32(tokens.data) != info.checksum:
+    elif token_checksum(tokens) != info.checksum:
         problems.append("token checksum differs from the manifest's (corrupt data)")
     else:
         real = tokens.size if pad_id is None else int(np.count_nonzero(tokens != pad_id))
@@ -72,29 +77,62 @@ def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None) -
             problems.append(f"{real} tokens, manifest says {info.num_tokens}")
     if problems:
         raise ShardError(f"shard {url}: " + "; ".join(problems))
-    flags = np.zeros(tokens.size, dtype=np.int32)
-    flags[starts] = 1
-    return tokens, np.cumsum(flags.reshape(tokens.shape), axis=1, dtype=np.int32)
+    return tokens, document_ids(starts, *tokens.shape)
+
+
+def document_ids(starts: np.ndarray, rows: int, seq_length: int) -> np.ndarray:
+    """[rows, S] int64: per row, 0 for the document the row starts in, +1 at each flat position in `starts`."""
+    bounds = np.union1d(np.arange(0, rows * seq_length, seq_length), starts)   # sorted segment starts
+    lengths = np.diff(np.append(bounds, rows * seq_length))
+    first_of_row = np.searchsorted(bounds, bounds - bounds % seq_length)
+    return np.repeat(np.arange(len(bounds)) - first_of_row, lengths).reshape(rows, seq_length)
+
+
+def _npy_view(data: bytes, offset: int, size: int, what: str) -> np.ndarray:
+    """The array stored as .npy at data[offset:offset+size], as a view (no copy)."""
+    head = io.BytesIO(bytes(data[offset:offset + min(size, 4096)]))
+    version = np.lib.format.read_magic(head)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in read_header:
+        raise ShardError(f"{what}: unsupported .npy version {version}")
+    shape, fortran, dtype = read_header[version](head)
+    count = int(np.prod(shape))
+    if fortran or dtype.hasobject or head.tell() + count * dtype.itemsize != size:
+        raise ShardError(f"{what}: malformed array")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset + head.tell()).reshape(shape)
 
 
 def _read_blocks(url: str, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read the whole shard into memory once, then take its arrays as views of that buffer."""
+    if is_url(url):
+        with _open(url) as stream:
+            data = stream.read()
+        index = io.BytesIO(data)  # shares `data`, no copy
+    else:  # map local files: the arrays are then views of the page cache, not copies
+        index = open(url, "rb")
+        size = os.fstat(index.fileno()).st_size
+        data = mmap.mmap(index.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    with index:
+        return _blocks(url, data, index, seq_length)
+
+
+def _blocks(url: str, data, index, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
     token_blocks, start_blocks, parts, rows = [], [], {}, 0
-    with _open(url) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+    with tarfile.open(fileobj=index, mode="r:") as tar:
         for member in tar:
             if not member.isfile():
                 continue
-            key, _, ext = member.name.partition(".")
-            data = tar.extractfile(member).read()
-            if len(data) != member.size:
+            if member.offset_data + member.size > len(data):
                 raise ShardError(f"shard {url}: member {member.name} is truncated")
-            parts.setdefault(key, {})[ext] = data
+            key, _, ext = member.name.partition(".")
+            parts.setdefault(key, {})[ext] = _npy_view(data, member.offset_data, member.size, f"shard {url}: "
+                                                        f"{member.name}")
             if len(parts[key]) < 2:
                 continue
             block = parts.pop(key)
             if set(block) != {TOKENS, DOC_STARTS}:
                 raise ShardError(f"shard {url}: block {key} has members {sorted(block)}")
-            tokens = np.load(io.BytesIO(block[TOKENS]), allow_pickle=False)
-            starts = np.load(io.BytesIO(block[DOC_STARTS]), allow_pickle=False)
+            tokens, starts = block[TOKENS], block[DOC_STARTS]
             if tokens.ndim != 2 or tokens.shape[1] != seq_length or tokens.dtype != np.int32:
                 raise ShardError(f"shard {url}: block {key} has tokens {tokens.dtype}{list(tokens.shape)}, "
                                  f"expected int32[n, {seq_length}] (sequence length mismatch?)")
