@@ -68,6 +68,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
         cross_entropy_loss_fusion=False,
+        # Losses are token sums; megatron divides gradients by the global batch's token count (DP- and
+        # micro-batch-invariant). DDP reads this when it is built, so it belongs here.
+        calculate_per_token_loss=True,
     )
 
 
@@ -86,6 +89,11 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     """
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
+    if parallel.context_parallel > 1 and not use_te:
+        raise ValueError(
+            "context_parallel > 1 needs Transformer Engine's attention (GPU with TE installed); megatron's local "
+            "attention, used on CPU, supports context_parallel = 1 only"
+        )
     config = transformer_config(model, parallel, precision, use_te)
     vpp = parallel.virtual_pipeline_parallel
     stages = range(vpp) if vpp else [None]

@@ -7,7 +7,8 @@ Switched on only when CUDA is absent (development machines, CI). What it changes
    states when it forks (weight init of sharded layers, dropout in TP regions).
 3. A `TorchFunctionMode` maps `device="cuda"` (factory functions, `.to`) to the CPU, makes `Tensor.cuda()` a
    no-op, and answers `Tensor.type()` with `torch.cuda.*` names, which megatron's optimizer and DDP compare against.
-4. `torch.cuda.synchronize()` is a no-op (there is nothing to wait for).
+4. `torch.cuda.synchronize()` is a no-op, and `torch.cuda.current_stream()` returns a stream whose waits are
+   no-ops: CPU work is synchronous, so there is nothing to wait for (megatron's gradient sync asks for the stream).
 On a machine with CUDA none of this is installed and megatron runs unchanged.
 """
 from __future__ import annotations
@@ -50,6 +51,22 @@ class _CudaAsCpuMode(TorchFunctionMode):
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
             args = (args[0], _CPU, *args[2:])
         return func(*args, **kwargs)
+
+
+class _SynchronousStream:
+    """Stands in for a CUDA stream: every operation on the CPU has already completed."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event
 
 
 def _install_cpu_rng_tracker() -> None:
@@ -95,6 +112,9 @@ def install() -> bool:
         return True
     torch.cuda.current_device = lambda: _CPU
     torch.cuda.synchronize = lambda *args, **kwargs: None
+    stream = _SynchronousStream()
+    torch.cuda.current_stream = lambda *args, **kwargs: stream
+    torch.cuda.default_stream = lambda *args, **kwargs: stream
     _install_cpu_rng_tracker()
     _mode = _CudaAsCpuMode()
     _mode.__enter__()

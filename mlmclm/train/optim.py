@@ -1,0 +1,116 @@
+"""megatron DDP, the (distributed) AdamW optimizer and the learning-rate schedule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from mlmclm.parallel.runtime import current_device
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with the paper's defaults."""
+
+    lr: float = 5e-4
+    min_lr: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-5
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0
+    distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks
+
+    def __post_init__(self):
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"optimizer: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"optimizer: betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if self.clip_grad < 0 or self.weight_decay < 0 or self.eps <= 0:
+            raise ValueError("optimizer: clip_grad and weight_decay must be >= 0 and eps > 0")
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning rate over the whole run (all phases). WSD: warmup, stable, then `decay_steps` of decay."""
+
+    style: Literal["wsd", "cosine", "linear", "constant"] = "wsd"
+    warmup_steps: int = 0
+    decay_steps: int | None = None  # WSD: length of the final decay; default 10 % of the run
+    decay_shape: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"  # WSD decay shape
+
+    def __post_init__(self):
+        if self.style not in ("wsd", "cosine", "linear", "constant"):
+            raise ValueError(f"schedule.style must be wsd, cosine, linear or constant, got {self.style!r}")
+        if self.warmup_steps < 0 or (self.decay_steps is not None and self.decay_steps < 0):
+            raise ValueError("schedule: warmup_steps and decay_steps must be >= 0")
+
+
+def wrap_ddp(chunks, distributed_optimizer: bool) -> list[DistributedDataParallel]:
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=distributed_optimizer,
+        average_in_collective=False,  # gradients are summed, then divided by the global token count
+    )
+    wrapped = []
+    for index, chunk in enumerate(chunks):
+        wrapped.append(DistributedDataParallel(config=chunk.config, ddp_config=ddp_config, module=chunk,
+                                               disable_bucketing=index > 0))
+    return wrapped
+
+
+def build_optimizer(ddp_chunks, cfg: OptimizerConfig):
+    model_config = ddp_chunks[0].module.config
+    megatron_cfg = MegatronOptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.beta1,
+        adam_beta2=cfg.beta2,
+        adam_eps=cfg.eps,
+        clip_grad=cfg.clip_grad,
+        bf16=model_config.bf16,
+        params_dtype=model_config.params_dtype,
+        use_distributed_optimizer=cfg.distributed_optimizer,
+    )
+    return get_megatron_optimizer(megatron_cfg, ddp_chunks)
+
+
+def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int) -> OptimizerParamScheduler:
+    if sched.warmup_steps >= total_steps and total_steps > 0 and sched.style != "constant":
+        raise ValueError(f"schedule.warmup_steps {sched.warmup_steps} must be < total steps {total_steps}")
+    style = {"wsd": "WSD", "cosine": "cosine", "linear": "linear", "constant": "constant"}[sched.style]
+    decay = sched.decay_steps if sched.decay_steps is not None else max(1, total_steps // 10)
+    if sched.style == "wsd" and sched.warmup_steps + decay > total_steps:
+        raise ValueError(f"schedule: warmup {sched.warmup_steps} + decay {decay} exceed the run's {total_steps} steps")
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if sched.warmup_steps else opt.lr,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=sched.warmup_steps,
+        lr_decay_steps=max(total_steps, 1),
+        lr_decay_style=style,
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=max(total_steps, 1),
+        wd_incr_style="constant",
+        wsd_decay_steps=decay if sched.style == "wsd" else None,
+        lr_wsd_decay_style=sched.decay_shape if sched.style == "wsd" else None,
+    )
+
+
+def grads_are_finite(ddp_chunks) -> torch.Tensor:
+    """A 0-dim bool: every local gradient buffer is finite (one fused check per contiguous buffer)."""
+    ok = torch.ones((), dtype=torch.bool, device=current_device())
+    for chunk in ddp_chunks:
+        for buffer in chunk.buffers:
+            ok &= torch.isfinite(buffer.grad_data).all()
+    return ok

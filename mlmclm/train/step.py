@@ -1,0 +1,95 @@
+"""One training step on megatron's pipeline schedules: forward/backward over micro-batches, guard, update."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from mlmclm.objectives import ObjectiveBatch
+from mlmclm.objectives.loss import token_loss
+from mlmclm.parallel.runtime import current_device
+from mlmclm.train.optim import grads_are_finite
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over every predicted token of the global batch
+    accuracy: float
+    predicted_tokens: int
+    grad_norm: float | None
+    lr: float
+    skipped: bool  # non-finite loss or gradients: no update was made
+
+
+def _loss_func(batch: ObjectiveBatch, logits: torch.Tensor):
+    loss_sum, count, correct = token_loss(logits, batch.labels, batch.loss_mask)
+    stats = torch.stack([loss_sum.detach(), count.detach(), correct.detach()])
+    return loss_sum, count.to(torch.int), {"stats": stats}
+
+
+def _forward_step(data_iterator, model):
+    batch: ObjectiveBatch = next(data_iterator)
+    seq = batch.input_ids.shape[1]
+    positions = torch.arange(seq, device=batch.input_ids.device).unsqueeze(0).expand_as(batch.input_ids)
+    output = model(batch.input_ids, positions, None)
+    return output, partial(_loss_func, batch)
+
+
+def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
+    """Wire megatron's hooks: gradient finalisation (DP all-reduce, division by the token count) and no_sync."""
+    config = ddp_chunks[0].module.config
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    no_sync = [chunk.no_sync for chunk in ddp_chunks]
+    config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+
+
+def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False) -> torch.Tensor:
+    """Run the schedule; return [loss_sum, predicted_tokens, correct] summed over the global batch, on every rank."""
+    seq = micro_batches[0].input_ids.shape[1]
+    mbs = micro_batches[0].input_ids.shape[0]
+    if len(ddp_chunks) > 1:
+        # Interleaved schedule: one iterator per model chunk, each over the same micro-batches.
+        iterators = [iter(micro_batches) for _ in ddp_chunks]
+    else:
+        iterators = iter(micro_batches)
+    outputs = get_forward_backward_func()(
+        forward_step_func=_forward_step,
+        data_iterator=iterators,
+        model=ddp_chunks if len(ddp_chunks) > 1 else ddp_chunks[0],
+        num_microbatches=len(micro_batches),
+        seq_length=seq,
+        micro_batch_size=mbs,
+        forward_only=forward_only,
+    )
+    stats = torch.zeros(3, dtype=torch.float64, device=current_device())
+    for out in outputs or []:
+        stats += out["stats"].to(torch.float64)
+    # Only the last pipeline stage computed the loss; sum over DP replicas, then share with the other stages.
+    dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.all_reduce(stats, group=parallel_state.get_pipeline_model_parallel_group())
+    return stats
+
+
+def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBatch]) -> StepResult:
+    for chunk in ddp_chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    stats = forward_backward(ddp_chunks, micro_batches)
+    loss_sum, count, correct = stats.tolist()
+    finite = torch.isfinite(stats).all() & grads_are_finite(ddp_chunks)
+    finite = finite.to(torch.int32)
+    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    lr = optimizer.param_groups[0]["lr"]
+    if not bool(finite.item()):
+        return StepResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), None, lr, skipped=True)
+    _, grad_norm, _ = optimizer.step()
+    scheduler.step(increment=1)
+    return StepResult(loss_sum / max(count, 1), correct / max(count, 1), int(count),
+                      None if grad_norm is None else float(grad_norm), lr, skipped=False)
