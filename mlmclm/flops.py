@@ -1,0 +1,138 @@
+"""Model FLOPs of one EuroBERT training step, GPU peak throughput, and MFU.
+
+What is counted (per token, per layer; MAC = one multiply-add = 2 FLOPs):
+    QKV projection (GQA)   h·h + 2·h·(kv_heads·head_dim)
+    attention output       h·h
+    SwiGLU MLP             3·h·ffn                  (gate, up, down)
+    attention scores+mix   2·S·h  × c               (QK^T and A·V; c = 1, or 1/2 for causal when skipping, below)
+  once per token:
+    LM head                h·V × f                  (V = padded vocabulary, f = fraction of positions, below)
+Norms, RoPE, softmax, SiLU and the embedding lookup are element-wise or gathers and are not counted (the usual
+"model FLOPs" convention, so MFU is comparable with published figures).
+
+Forward = 2·MACs. Training = 3 × forward (backward = 2 × forward; no activation recompute is counted, since
+recompute is not useful model work).
+
+Causal attention: a kernel that skips fully masked blocks (flash attention, TE fused attention) does about half
+the QK^T/AV work of bidirectional attention, and only that half is useful model work. `causal_attention_half=True`
+(the default) counts S/2 keys per query for causal attention. Pass False to count the full S×S product, which is
+what an unfused kernel that materialises and then masks the score matrix executes (hardware FLOPs, not model FLOPs).
+
+LM head: our loss (`mlmclm.objectives.loss`) computes logits at EVERY position, for CLM and MLM alike, and takes
+the cross entropy only at predicted positions; so the default counts the head for all positions
+(`lm_head_fraction=1.0`). A gather-before-head implementation (select the predicted positions, then project) would
+cost only `lm_head_fraction = predicted / total positions` of that (e.g. the MLM mask ratio).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importing mlmclm.model pulls in megatron; the arithmetic needs only the config's fields
+    from mlmclm.model.config import ModelConfig
+
+TRAINING_MULTIPLIER = 3  # forward + backward (grad wrt inputs and wrt weights, each ≈ forward)
+
+
+@dataclass(frozen=True)
+class FlopBreakdown:
+    """Forward multiply-adds per token for the whole model, by component."""
+
+    qkv: float
+    attention_output: float
+    mlp: float
+    attention: float  # QK^T and A·V (the term quadratic in sequence length)
+    lm_head: float
+
+    @property
+    def forward_macs(self) -> float:
+        return self.qkv + self.attention_output + self.mlp + self.attention + self.lm_head
+
+    @property
+    def forward_flops(self) -> float:
+        return 2 * self.forward_macs
+
+    @property
+    def training_flops(self) -> float:
+        return TRAINING_MULTIPLIER * self.forward_flops
+
+
+def flop_breakdown(model: ModelConfig, seq_length: int, *, causal: bool = False, causal_attention_half: bool = True,
+                   lm_head_fraction: float = 1.0, vocab_size: int | None = None) -> FlopBreakdown:
+    """Per-token forward MACs of `model` at `seq_length`. `vocab_size` defaults to the padded vocabulary (TP=1),
+    which is the width the LM head really computes."""
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    if not 0.0 <= lm_head_fraction <= 1.0:
+        raise ValueError(f"lm_head_fraction must be in [0, 1], got {lm_head_fraction}")
+    h, layers = model.hidden_size, model.num_layers
+    kv_width = model.num_kv_heads * model.head_dim
+    vocab = model.padded_vocab_size(1) if vocab_size is None else vocab_size
+    # Query heads × head_dim = h, whatever the KV grouping: GQA shrinks K/V projections, not the score matrix.
+    keys_per_query = seq_length / 2 if (causal and causal_attention_half) else seq_length
+    return FlopBreakdown(
+        qkv=layers * (h * h + 2 * h * kv_width),
+        attention_output=layers * h * h,
+        mlp=layers * 3 * h * model.ffn_hidden_size,
+        attention=layers * 2 * keys_per_query * h,
+        lm_head=h * vocab * lm_head_fraction,
+    )
+
+
+def flops_per_token(model: ModelConfig, seq_length: int, *, causal: bool = False, training: bool = True,
+                    causal_attention_half: bool = True, lm_head_fraction: float = 1.0,
+                    vocab_size: int | None = None) -> float:
+    """Model FLOPs per token: training (forward + backward) by default, forward only with `training=False`."""
+    b = flop_breakdown(model, seq_length, causal=causal, causal_attention_half=causal_attention_half,
+                       lm_head_fraction=lm_head_fraction, vocab_size=vocab_size)
+    return b.training_flops if training else b.forward_flops
+
+
+def flops_per_step(model: ModelConfig, seq_length: int, sequences_per_step: int, **kwargs) -> float:
+    """Model FLOPs of one optimizer step over `sequences_per_step` sequences (the global batch)."""
+    return flops_per_token(model, seq_length, **kwargs) * seq_length * sequences_per_step
+
+
+# Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s. Matched in order by substring of
+# torch.cuda.get_device_name(), so the specific H100 variants come before the generic "H100" (the SXM part).
+PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H100 PCIe", {"bf16": 756e12, "fp8": 1513e12}),
+    ("H100 NVL", {"bf16": 835e12, "fp8": 1671e12}),
+    ("H100", {"bf16": 989e12, "fp8": 1979e12}),  # SXM
+    ("H200", {"bf16": 989e12, "fp8": 1979e12}),  # also matches GH200 (same Hopper compute)
+    ("A100", {"bf16": 312e12}),  # no FP8 tensor cores
+]
+
+
+def cuda_device_name() -> str | None:
+    """The current CUDA device's name, or None without CUDA."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def peak_flops(dtype: str = "bf16", device_name: str | None = None, override: float | None = None) -> float:
+    """Peak dense FLOP/s of one GPU for `dtype` ("bf16" or "fp8").
+
+    `override` (FLOP/s) wins, for GPUs not in the table. `device_name` defaults to the current CUDA device's.
+    """
+    if override is not None:
+        if override <= 0:
+            raise ValueError(f"peak FLOP/s override must be > 0, got {override}")
+        return float(override)
+    name = device_name if device_name is not None else cuda_device_name()
+    if name is None:
+        raise ValueError("no CUDA device: pass the peak FLOP/s explicitly (override=...)")
+    for key, peaks in PEAK_FLOPS:
+        if key in name:
+            if dtype not in peaks:
+                raise ValueError(f"{name} has no {dtype} peak in the table (known: {sorted(peaks)})")
+            return peaks[dtype]
+    raise ValueError(f"unknown GPU {name!r}: known {[k for k, _ in PEAK_FLOPS]}; pass the peak FLOP/s explicitly")
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over peak FLOP/s (both per GPU)."""
+    if peak <= 0:
+        raise ValueError(f"peak FLOP/s must be > 0, got {peak}")
+    return tokens_per_s * flops_per_token / peak
