@@ -66,6 +66,7 @@ def build_objective(
 
     if cfg.kind == "clm":
         no_label = special_token_ids if pad_token_id is None else [pad_token_id, mask_token_id]
+        no_label = [i for i in no_label if i is not None]
         return CausalLM(no_label_ids=no_label)
     return MaskedLM(
         mask_ratio=cfg.mask_ratio, mask_mode=cfg.mask_mode, special_token_ids=special_token_ids,

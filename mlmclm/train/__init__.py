@@ -1,0 +1,1 @@
+"""Training: config tree, megatron-core step, phases, checkpoints, logging. Entry: `pretrain(config)`."""

@@ -1,0 +1,35 @@
+"""torchrun entry: `torchrun --nproc-per-node N -m mlmclm.train CONFIG.{yaml,json} [key=value ...]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlmclm.train", description=__doc__)
+    parser.add_argument("config", help="training config file (YAML or JSON)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optimizer.lr=3e-4")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|deprecated|experimental).*")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from mlmclm.train.config import TrainConfig
+    from mlmclm.train.pretrain import pretrain
+
+    try:
+        cfg = TrainConfig.from_file(args.config, args.overrides)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"error: invalid training config: {err}", file=sys.stderr)
+        return 2
+    result = pretrain(cfg)
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps(result.__dict__, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

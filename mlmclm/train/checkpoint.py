@@ -1,0 +1,192 @@
+"""Checkpoints: megatron dist_checkpointing (torch_dist), Megatron layout, atomic publication, safe loading.
+
+Layout of a run's checkpoint directory:
+    iter_0000100/                 dist_checkpointing shards (model + optimizer), reshardable to any TP/PP/DP
+    iter_0000100/run_config.json  the full TrainConfig plus the tokenizer identity
+    iter_0000100/train_state.json iteration, tokens, phase, loader and scheduler state (plain JSON)
+    iter_0000100/rng/             per-rank RNG states (restored only on the same layout)
+    latest_checkpointed_iteration.txt
+A checkpoint is written under a temporary name and renamed when every rank has finished, then `latest` is
+replaced atomically: a crash mid-save leaves the previous checkpoint as latest. Loading reads tensors through
+dist_checkpointing (torch's weights-only loader) and everything else from JSON: nothing is unpickled.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state
+
+from mlmclm.model.weights import unwrap
+
+log = logging.getLogger(__name__)
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+RUN_CONFIG = "run_config.json"
+TRAIN_STATE = "train_state.json"
+_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def iteration_dir(root: Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / "metadata.json").exists() and (path / RUN_CONFIG).exists() and (path / TRAIN_STATE).exists()
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The latest complete checkpoint under `root`, or None if there is none."""
+    pointer = Path(root) / LATEST_FILE
+    if not pointer.exists():
+        return None
+    text = pointer.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{pointer} does not hold an iteration number: {text!r}")
+    path = iteration_dir(root, int(text))
+    if not is_complete(path):
+        raise CheckpointError(f"{pointer} names {path.name}, which is missing or incomplete")
+    return path
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory, a checkpoints directory, or an `iter_*` directory → a complete iteration directory."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist")
+    if path.name.startswith("iter_"):
+        if not is_complete(path):
+            raise CheckpointError(
+                f"{path} is not a complete checkpoint (needs metadata.json, {RUN_CONFIG} and {TRAIN_STATE})")
+        return path
+    for root in (path, path / "checkpoints"):
+        if (root / LATEST_FILE).exists():
+            return latest_checkpoint(root)
+    raise CheckpointError(f"{path} holds no checkpoint (no {LATEST_FILE} and not an iter_* directory)")
+
+
+def read_json(path: Path, name: str) -> dict:
+    file = Path(path) / name
+    if not file.exists():
+        raise CheckpointError(f"{file} is missing")
+    return json.loads(file.read_text())
+
+
+def _model_sharded_state_dict(ddp_chunks) -> dict:
+    if len(ddp_chunks) == 1:
+        return {"model": unwrap(ddp_chunks[0]).sharded_state_dict(metadata=_SHARDING)}
+    return {f"model{i}": unwrap(c).sharded_state_dict(metadata=_SHARDING) for i, c in enumerate(ddp_chunks)}
+
+
+def _rank_tag() -> str:
+    return (f"tp{parallel_state.get_tensor_model_parallel_rank()}_pp{parallel_state.get_pipeline_model_parallel_rank()}"
+            f"_dp{parallel_state.get_data_parallel_rank()}")
+
+
+def _rng_state() -> dict:
+    from megatron.core import tensor_parallel
+
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    return {"torch": torch.get_rng_state(), "tracker": {k: v for k, v in tracker.get_states().items()}}
+
+
+def _write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler, train_state: dict,
+                    run_config: dict, keep_last: int | None = None, keep: bool = False) -> Path:
+    """Save on every rank; publish atomically. `keep` marks a checkpoint pruning never removes (phase ends)."""
+    root = Path(root)
+    final = iteration_dir(root, iteration)
+    staging = root / f".staging_{final.name}"
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    dist.barrier()
+    sharded = _model_sharded_state_dict(ddp_chunks)
+    sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=False, metadata=_SHARDING)
+    dist_checkpointing.save(sharded, str(staging))
+    (staging / "rng").mkdir(exist_ok=True)
+    torch.save(_rng_state(), staging / "rng" / f"{_rank_tag()}.pt")
+    dist.barrier()
+    if rank0:
+        state = {**train_state, "scheduler": scheduler.state_dict(), "keep": keep,
+                 "layout": {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+                            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+                            "dp": parallel_state.get_data_parallel_world_size()}}
+        _write_json_atomic(staging / TRAIN_STATE, state)
+        _write_json_atomic(staging / RUN_CONFIG, run_config)
+        if final.exists():  # re-saving an iteration (e.g. after a resume): replace it
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _write_json_atomic(root / LATEST_FILE, iteration)
+        if keep_last:
+            _prune(root, keep_last, protect=final)
+    dist.barrier()
+    return final
+
+
+def _prune(root: Path, keep_last: int, protect: Path) -> None:
+    periodic = []
+    for path in sorted(root.glob("iter_*")):
+        if path == protect or not is_complete(path):
+            continue
+        if not json.loads((path / TRAIN_STATE).read_text()).get("keep"):
+            periodic.append(path)
+    for path in periodic[: max(0, len(periodic) - (keep_last - 1))]:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("pruned checkpoint %s", path.name)
+
+
+def load_weights(path: Path, ddp_chunks) -> None:
+    """Load model weights only (any layout → this layout)."""
+    sharded = _model_sharded_state_dict(ddp_chunks)
+    state = dist_checkpointing.load(sharded, str(path))
+    _apply_model_state(ddp_chunks, state)
+
+
+def _apply_model_state(ddp_chunks, state: dict) -> None:
+    if len(ddp_chunks) == 1:
+        unwrap(ddp_chunks[0]).load_state_dict(state["model"], strict=False)
+    else:
+        for i, chunk in enumerate(ddp_chunks):
+            unwrap(chunk).load_state_dict(state[f"model{i}"], strict=False)
+
+
+def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
+    """Resume: model, optimizer, scheduler and (same layout only) RNG states. Returns the saved train state."""
+    sharded = _model_sharded_state_dict(ddp_chunks)
+    sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=True, metadata=_SHARDING)
+    state = dist_checkpointing.load(sharded, str(path))
+    _apply_model_state(ddp_chunks, state)
+    optimizer.load_state_dict(state["optimizer"])
+    train_state = read_json(path, TRAIN_STATE)
+    scheduler.load_state_dict(train_state["scheduler"])
+    rng_file = Path(path) / "rng" / f"{_rank_tag()}.pt"
+    layout = train_state.get("layout", {})
+    same_layout = layout == {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+                             "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+                             "dp": parallel_state.get_data_parallel_world_size()}
+    if same_layout and rng_file.exists():
+        from megatron.core import tensor_parallel
+
+        rng = torch.load(rng_file, weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+    else:
+        log.info("checkpoint saved at layout %s: RNG states not restored on this layout", layout)
+    return train_state

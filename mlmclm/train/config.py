@@ -1,0 +1,158 @@
+"""The training config tree: validated before any process group starts, saved next to every checkpoint."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlmclm import config_io
+from mlmclm.model.config import ModelConfig, preset
+from mlmclm.model.precision import PrecisionConfig
+from mlmclm.objectives import ObjectiveConfig
+from mlmclm.parallel.runtime import ParallelConfig
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+
+
+@dataclass
+class PhaseConfig:
+    """One phase of a run: an objective for `steps` steps, or for `fraction` of the run's total steps."""
+
+    objective: ObjectiveConfig
+    steps: int | None = None
+    fraction: float | None = None
+    name: str | None = None  # default: "clm", or "mlm" — also the TensorBoard tag group
+
+    def __post_init__(self):
+        if (self.steps is None) == (self.fraction is None):
+            raise ValueError("phase: give exactly one of `steps` or `fraction`")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"phase.steps must be >= 1, got {self.steps}")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ValueError(f"phase.fraction must be in (0, 1], got {self.fraction}")
+        if self.name is None:
+            self.name = self.objective.kind
+
+
+@dataclass
+class DataConfig:
+    path: str  # prepared shards: a directory, a manifest.json, or a URL webdataset can read
+    seed: int = 1234
+    skip_corrupt: bool = False
+    # The tokenizer that prepared the data ("embedded", a local directory or a hub name): checked against the
+    # manifest at start, and copied next to exported Hugging Face models.
+    tokenizer: str | None = None
+
+
+@dataclass
+class CheckpointConfig:
+    save_interval: int | None = None  # steps; phase ends and the run's end are always saved
+    keep_last: int | None = None  # prune older periodic checkpoints (phase-end ones are kept)
+    init_from: str | None = None  # continued pretraining: start from this checkpoint's *weights* only
+    resume: bool = True  # continue this run from its latest complete checkpoint, if any
+
+    def __post_init__(self):
+        if self.save_interval is not None and self.save_interval < 1:
+            raise ValueError("checkpoint.save_interval must be >= 1 or null")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ValueError("checkpoint.keep_last must be >= 1 or null")
+
+
+@dataclass
+class LoggingConfig:
+    log_interval: int = 10  # console line every N steps (rank 0); TensorBoard gets every step
+    tensorboard: bool = True
+    peak_tflops: float | None = None  # per-GPU peak for MFU; default looked up from the device name
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str
+    model: ModelConfig
+    data: DataConfig
+    phases: list[PhaseConfig]
+    total_steps: int
+    global_batch_size: int
+    micro_batch_size: int = 1
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    seed: int = 1234
+    max_consecutive_nonfinite: int = 3  # abort after this many skipped (NaN/Inf) steps in a row
+    use_te: bool | None = None  # Transformer Engine layers: None = when available
+
+    def __post_init__(self):
+        if not self.phases:
+            raise ValueError("phases: a run needs at least one phase")
+        if self.total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
+        if self.global_batch_size < 1 or self.micro_batch_size < 1:
+            raise ValueError("global_batch_size and micro_batch_size must be >= 1")
+        if self.max_consecutive_nonfinite < 1:
+            raise ValueError("max_consecutive_nonfinite must be >= 1")
+        self.phase_steps()  # validates that the phases fill the run exactly
+        self.model.validate_layout(self.parallel)
+
+    @classmethod
+    def coerce(cls, data: dict) -> dict:
+        """Accept `model: {preset: NAME, ...overrides}` besides a full model dict."""
+        model = data.get("model")
+        if isinstance(model, str):
+            data = {**data, "model": preset(model).to_dict()}
+        elif isinstance(model, dict) and "preset" in model:
+            overrides = {k: v for k, v in model.items() if k != "preset"}
+            data = {**data, "model": preset(model["preset"], **overrides).to_dict()}
+        return data
+
+    def phase_steps(self) -> list[int]:
+        """Steps of each phase; fractions are of total_steps, the last phase takes any rounding remainder."""
+        steps = [p.steps if p.steps is not None else round(p.fraction * self.total_steps) for p in self.phases]
+        if any(p.fraction is not None for p in self.phases) and self.phases[-1].fraction is not None:
+            steps[-1] = self.total_steps - sum(steps[:-1])
+        if sum(steps) != self.total_steps or any(s < 1 for s in steps):
+            raise ValueError(f"phases: steps {steps} must be >= 1 each and sum to total_steps {self.total_steps}")
+        return steps
+
+    def phase_bounds(self) -> list[tuple[int, int]]:
+        """[start, end) step ranges of the phases."""
+        bounds, start = [], 0
+        for steps in self.phase_steps():
+            bounds.append((start, start + steps))
+            start += steps
+        return bounds
+
+    def phase_at(self, step: int) -> int:
+        for index, (start, end) in enumerate(self.phase_bounds()):
+            if start <= step < end:
+                return index
+        raise ValueError(f"step {step} is outside the run's {self.total_steps} steps")
+
+    def num_microbatches(self, data_parallel_size: int) -> int:
+        per_round = self.micro_batch_size * data_parallel_size
+        if self.global_batch_size % per_round:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} is not divisible by micro_batch_size × data-parallel "
+                f"size = {self.micro_batch_size}×{data_parallel_size}"
+            )
+        return self.global_batch_size // per_round
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.run_dir) / "checkpoints"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return Path(self.run_dir) / "tensorboard"
+
+    def to_dict(self) -> dict:
+        return config_io.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        return config_io.from_dict(cls, data)
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: list[str] | None = None) -> "TrainConfig":
+        data = config_io.load_file(path)
+        return cls.from_dict(config_io.apply_overrides(data, overrides or []))

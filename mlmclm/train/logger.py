@@ -1,0 +1,100 @@
+"""Per-step metrics: TensorBoard event files (rank 0) and a compact console line every N steps."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger("mlmclm.train")
+
+
+def memory_gb() -> float:
+    """Peak accelerator memory when on GPU, else this process's resident memory."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return psutil.Process().memory_info().rss / 2**30
+
+
+class MetricsLogger:
+    def __init__(self, tensorboard_dir: Path | None, log_interval: int, enabled: bool, hparams: dict,
+                 phase_names: list[str]):
+        self.enabled = enabled
+        self.log_interval = log_interval
+        self.writer = None
+        if enabled and tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(tensorboard_dir))
+            self.writer.add_text("config", "```json\n" + json.dumps(hparams, indent=1) + "\n```", 0)
+            self._layout(phase_names)
+        self._last = time.perf_counter()
+
+    def _layout(self, phase_names: list[str]) -> None:
+        """Group the charts: one loss/accuracy chart across objectives, throughput, optimisation."""
+        objectives = sorted(set(phase_names))
+        self.writer.add_custom_scalars({
+            "objectives": {
+                "loss": ["Multiline", [f"train/{o}/loss" for o in objectives]],
+                "accuracy": ["Multiline", [f"train/{o}/accuracy" for o in objectives]],
+            },
+            "throughput": {
+                "tokens/s": ["Multiline", ["perf/tokens_per_s"]],
+                "TFLOP/s per GPU": ["Multiline", ["perf/tflops_per_gpu"]],
+                "MFU": ["Multiline", ["perf/mfu"]],
+            },
+            "optimisation": {
+                "lr": ["Multiline", ["train/lr"]],
+                "grad norm": ["Multiline", ["train/grad_norm"]],
+            },
+        })
+
+    def step(self, step: int, phase_name: str, phase_index: int, result, consumed_tokens: int, step_tokens: int,
+             step_samples: int, flops_per_step: float, world_size: int, peak_tflops: float | None) -> dict:
+        now = time.perf_counter()
+        elapsed, self._last = now - self._last, now
+        tokens_per_s = step_tokens / elapsed
+        tflops = flops_per_step / elapsed / world_size / 1e12
+        metrics = {
+            f"train/{phase_name}/loss": result.loss,
+            f"train/{phase_name}/accuracy": result.accuracy,
+            "train/lr": result.lr,
+            "train/tokens": consumed_tokens,
+            "train/phase": phase_index,
+            "train/skipped": int(result.skipped),
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/samples_per_s": step_samples / elapsed,
+            "perf/tflops_per_gpu": tflops,
+            "perf/memory_gb": memory_gb(),
+        }
+        if result.grad_norm is not None:
+            metrics["train/grad_norm"] = result.grad_norm
+        if peak_tflops:
+            metrics["perf/mfu"] = tflops / peak_tflops
+        if self.writer is not None:
+            for tag, value in metrics.items():
+                self.writer.add_scalar(tag, value, step)
+        if self.enabled and (step % self.log_interval == 0):
+            log.info("step %d [%s] loss %.4f acc %.3f lr %.2e gnorm %s | %.0f tok/s %.2f TFLOP/s/GPU",
+                     step, phase_name, result.loss, result.accuracy, result.lr,
+                     "-" if result.grad_norm is None else f"{result.grad_norm:.3f}", tokens_per_s, tflops)
+        return metrics
+
+    def text(self, tag: str, message: str, step: int) -> None:
+        if self.enabled:
+            log.info(message)
+            if self.writer is not None:
+                self.writer.add_text(tag, message, step)
+
+    def hparams(self, hparams: dict, final: dict) -> None:
+        if self.writer is not None:
+            self.writer.add_hparams(hparams, final, run_name="hparams")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

@@ -1,0 +1,285 @@
+"""`pretrain(config)`: the whole run — phases, CPT initialisation, exact resume, checkpoints, logging, guards."""
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mlmclm.data.loader import LoaderConfig, PackedLoader
+from mlmclm.data.manifest import Manifest
+from mlmclm.model import build_model, set_causal
+from mlmclm.model.config import ModelConfig
+from mlmclm.objectives import build_objective
+from mlmclm.parallel import destroy_parallel, init_parallel
+from mlmclm.train import checkpoint as ckpt
+from mlmclm.train.config import TrainConfig
+from mlmclm.train.logger import MetricsLogger
+from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
+from mlmclm.train.step import configure_model_for_schedules, train_step
+
+log = logging.getLogger("mlmclm.train")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient; the last checkpoint is left intact."""
+
+
+class IncompatibleCheckpointError(ValueError):
+    pass
+
+
+@dataclass
+class RunResult:
+    status: str  # "completed" or "preempted"
+    steps: int
+    consumed_tokens: int
+    final_losses: dict[str, float] = field(default_factory=dict)  # last loss of each objective phase
+    checkpoints: list[str] = field(default_factory=list)
+    tensorboard_dir: str | None = None
+
+
+class _StopRequest:
+    """SIGTERM / SIGUSR1 (Slurm preemption) ask for a save at the next step boundary, then a clean exit."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self) -> bool:
+        flag = torch.tensor([int(self.requested)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
+        return bool(flag.item())
+
+
+def resolve_tokenizer_path(name: str | None) -> str | None:
+    if name == "embedded":
+        from mlmclm.data.tokenizer import embedded_tokenizer_dir
+
+        return str(embedded_tokenizer_dir())
+    return name
+
+
+_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+                 "vocab_size", "norm_eps")
+
+
+def check_same_shape(saved: dict, model: ModelConfig, where: str) -> None:
+    for name in _SHAPE_FIELDS:
+        if saved.get(name) != getattr(model, name):
+            raise IncompatibleCheckpointError(
+                f"{where}: model.{name} is {saved.get(name)!r} in the checkpoint but {getattr(model, name)!r} in "
+                f"this config"
+            )
+
+
+def check_resume_compatible(saved_config: dict, saved_state: dict, cfg: TrainConfig, manifest: Manifest,
+                            where: str) -> None:
+    check_same_shape(saved_config["model"], cfg.model, where)
+    saved_tok = saved_state.get("tokenizer", {})
+    if saved_tok.get("vocab_hash") != manifest.tokenizer.get("vocab_hash"):
+        raise IncompatibleCheckpointError(
+            f"{where}: tokenizer.vocab_hash differs: checkpoint {saved_tok.get('name')!r} "
+            f"({str(saved_tok.get('vocab_hash'))[:12]}) vs data {manifest.tokenizer.get('name')!r} "
+            f"({str(manifest.tokenizer.get('vocab_hash'))[:12]})")
+    if saved_state.get("seq_length") != manifest.seq_length:
+        raise IncompatibleCheckpointError(
+            f"{where}: seq_length is {saved_state.get('seq_length')} in the checkpoint but {manifest.seq_length} "
+            f"in the data")
+    if saved_config["data"]["seed"] != cfg.data.seed:
+        raise IncompatibleCheckpointError(
+            f"{where}: data.seed is {saved_config['data']['seed']} in the checkpoint but {cfg.data.seed} here "
+            f"(the sample order would change)")
+
+
+def check_data_fits_model(cfg: TrainConfig, manifest: Manifest) -> None:
+    tok = manifest.tokenizer
+    if tok.get("vocab_size", 0) > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size {cfg.model.vocab_size} is smaller than the data's tokenizer vocabulary "
+                         f"{tok.get('vocab_size')} ({manifest.location})")
+    if manifest.seq_length > cfg.model.max_position_embeddings:
+        raise ValueError(f"data seq_length {manifest.seq_length} exceeds model.max_position_embeddings "
+                         f"{cfg.model.max_position_embeddings}")
+    if cfg.parallel.sequence_parallel and manifest.seq_length % cfg.parallel.tensor_parallel:
+        raise ValueError(f"sequence parallelism needs seq_length {manifest.seq_length} divisible by "
+                         f"tensor_parallel {cfg.parallel.tensor_parallel}")
+    if any(p.objective.kind == "mlm" for p in cfg.phases) and tok.get("mask_id") is None:
+        raise ValueError(f"an MLM phase needs a mask token, but the data's tokenizer {tok.get('name')!r} has none")
+    if cfg.data.tokenizer is not None:
+        from mlmclm.data.tokenizer import check_same_tokenizer, load_tokenizer, tokenizer_identity
+
+        expected = tokenizer_identity(load_tokenizer(resolve_tokenizer_path(cfg.data.tokenizer)))
+        check_same_tokenizer(tok, expected, where=manifest.location)
+
+
+def _flops_per_step(cfg: TrainConfig, seq_length: int, kind: str) -> float:
+    from mlmclm import flops
+
+    return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, causal=kind == "clm")
+
+
+def _peak_tflops(cfg: TrainConfig) -> float | None:
+    """Per-GPU peak for MFU: the configured number, else the device's from the table; None on CPU/unknown."""
+    if cfg.logging.peak_tflops is not None:
+        return cfg.logging.peak_tflops
+    from mlmclm import flops
+
+    try:
+        return flops.peak_flops("fp8" if cfg.precision.fp8 else "bf16") / 1e12
+    except ValueError:
+        return None
+
+
+def pretrain(cfg: TrainConfig) -> RunResult:
+    """Run (or resume) the whole training run described by `cfg` on the ranks torchrun started."""
+    state = init_parallel(cfg.parallel, seed=cfg.seed)
+    try:
+        return _Run(cfg, state).run()
+    finally:
+        destroy_parallel()
+
+
+class _Run:
+    def __init__(self, cfg: TrainConfig, state):
+        self.cfg, self.state = cfg, state
+        self.rank0 = state.rank == 0
+        self.manifest = Manifest.load(cfg.data.path)
+        check_data_fits_model(cfg, self.manifest)
+        self.seq = self.manifest.seq_length
+        num_micro = cfg.num_microbatches(state.dp_size)
+        if cfg.parallel.virtual_pipeline_parallel and num_micro % cfg.parallel.pipeline_parallel:
+            raise ValueError(f"the interleaved schedule needs the {num_micro} micro-batches per step divisible by "
+                             f"pipeline_parallel {cfg.parallel.pipeline_parallel}")
+        first_kind = cfg.phases[0].objective.kind
+        self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
+                                  use_te=cfg.use_te)
+        self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer)
+        self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
+        configure_model_for_schedules(self.ddp, self.optimizer)
+        self.loader = PackedLoader(LoaderConfig(cfg.data.path, cfg.global_batch_size, cfg.micro_batch_size,
+                                                seed=cfg.data.seed, skip_corrupt=cfg.data.skip_corrupt),
+                                   dp_rank=state.dp_rank, dp_size=state.dp_size)
+        self.iteration, self.consumed_tokens, self.consecutive_nonfinite = 0, 0, 0
+        self.checkpoints: list[str] = []
+        self._restore()
+
+    # --- start: resume this run, or initialise weights from another checkpoint -----------------------------
+    def _restore(self) -> None:
+        cfg = self.cfg
+        latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint.resume else None
+        if latest is not None:
+            saved_cfg = ckpt.read_json(latest, ckpt.RUN_CONFIG)
+            saved_state = ckpt.read_json(latest, ckpt.TRAIN_STATE)
+            check_resume_compatible(saved_cfg, saved_state, cfg, self.manifest, str(latest))
+            train_state = ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler)
+            self.iteration = train_state["iteration"]
+            self.consumed_tokens = train_state["consumed_tokens"]
+            self.consecutive_nonfinite = train_state.get("consecutive_nonfinite", 0)
+            self.loader.load_state_dict(train_state["loader"])
+            self._info(f"resumed {latest} at step {self.iteration} ({self.consumed_tokens} tokens)")
+        elif cfg.checkpoint.init_from:
+            source = ckpt.resolve_checkpoint(cfg.checkpoint.init_from)
+            check_same_shape(ckpt.read_json(source, ckpt.RUN_CONFIG)["model"], cfg.model, str(source))
+            ckpt.load_weights(source, self.ddp)
+            self._info(f"initialised weights from {source} (fresh optimizer, schedule and data position)")
+
+    def _info(self, message: str) -> None:
+        if self.rank0:
+            log.info(message)
+
+    def _train_state(self, phase_index: int) -> dict:
+        return {"iteration": self.iteration, "consumed_tokens": self.consumed_tokens,
+                "consumed_samples": self.loader.consumed_samples, "phase_index": phase_index,
+                "phase_name": self.cfg.phases[phase_index].name, "loader": self.loader.state_dict(),
+                "consecutive_nonfinite": self.consecutive_nonfinite, "tokenizer": self.manifest.tokenizer,
+                "seq_length": self.seq, "total_steps": self.cfg.total_steps}
+
+    def _save(self, phase_index: int, keep: bool) -> None:
+        run_config = self.cfg.to_dict()
+        path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.iteration, self.ddp, self.optimizer,
+                                    self.scheduler, self._train_state(phase_index), run_config,
+                                    keep_last=self.cfg.checkpoint.keep_last, keep=keep)
+        self.checkpoints.append(str(path))
+        self._info(f"saved checkpoint {path}")
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        bounds = cfg.phase_bounds()
+        stop = _StopRequest()
+        logger = MetricsLogger(cfg.tensorboard_dir, cfg.logging.log_interval, self.rank0, cfg.to_dict(),
+                               [p.name for p in cfg.phases])
+        final_losses: dict[str, float] = {}
+        peak = _peak_tflops(cfg)
+        current, objective, flops_per_step = None, None, 0.0
+        status = "completed"
+        try:
+            while self.iteration < cfg.total_steps:
+                phase_index = cfg.phase_at(self.iteration)
+                phase = cfg.phases[phase_index]
+                if phase_index != current:
+                    objective = self._enter_phase(phase_index, current, logger)
+                    flops_per_step = _flops_per_step(cfg, self.seq, phase.objective.kind)
+                    current = phase_index
+                micro = self.loader.next_global_batch()
+                batches = [objective.prepare(mb["tokens"].to(self.state.device), mb["sample_ids"].to(self.state.device))
+                           for mb in micro]
+                result = train_step(self.ddp, self.optimizer, self.scheduler, batches)
+                self.iteration += 1
+                step_tokens = cfg.global_batch_size * self.seq
+                self.consumed_tokens += step_tokens
+                logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
+                            cfg.global_batch_size, flops_per_step, self.state.world_size, peak)
+                if result.skipped:
+                    self.consecutive_nonfinite += 1
+                    logger.text("guard", f"step {self.iteration}: non-finite loss or gradient, update skipped "
+                                         f"({self.consecutive_nonfinite} in a row)", self.iteration)
+                    if self.consecutive_nonfinite >= cfg.max_consecutive_nonfinite:
+                        raise NonFiniteLossError(
+                            f"aborting at step {self.iteration}: {self.consecutive_nonfinite} consecutive steps with "
+                            f"a non-finite loss or gradient; the last checkpoint in {cfg.checkpoint_dir} is intact")
+                    continue
+                self.consecutive_nonfinite = 0
+                final_losses[phase.name] = result.loss
+                phase_end = self.iteration == bounds[phase_index][1]
+                periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
+                if stop.agreed():
+                    self._save(phase_index, keep=phase_end)
+                    logger.text("run", f"stop requested (SIGTERM/SIGUSR1): saved at step {self.iteration}, exiting",
+                                self.iteration)
+                    status = "preempted"
+                    break
+                if phase_end or periodic:
+                    self._save(phase_index, keep=phase_end)
+            logger.hparams({"model": cfg.model.name, "phases": "→".join(p.name for p in cfg.phases),
+                            "total_steps": cfg.total_steps, "global_batch_size": cfg.global_batch_size,
+                            "lr": cfg.optimizer.lr},
+                           {f"final/{k}/loss": v for k, v in final_losses.items()})
+        finally:
+            logger.close()
+            self.loader.close()
+        return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,
+                         str(cfg.tensorboard_dir))
+
+    def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
+        phase = self.cfg.phases[index]
+        tok = self.manifest.tokenizer
+        special = [i for i in (tok.get("bos_id"), tok.get("eos_id"), tok.get("mask_id"), tok.get("pad_id"))
+                   if i is not None]
+        objective = build_objective(phase.objective, special_token_ids=special, mask_token_id=tok.get("mask_id"),
+                                    vocab_size=tok["vocab_size"], seed=self.cfg.seed, pad_token_id=tok.get("pad_id"))
+        set_causal(self.chunks, objective.causal)
+        what = (f"phase {index} '{phase.name}' ({phase.objective.kind}"
+                + (f", mask ratio {phase.objective.mask_ratio}, {phase.objective.mask_mode}"
+                   if phase.objective.kind == "mlm" else "")
+                + f", {'causal' if objective.causal else 'bidirectional'} attention) from step {self.iteration}")
+        logger.text("phase", ("switch to " if previous is not None else "start ") + what, self.iteration)
+        return objective
