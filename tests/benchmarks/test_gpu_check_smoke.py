@@ -1,0 +1,71 @@
+"""benchmarks/gpu_check.py --smoke runs on CPU end to end and writes a complete, sane JSON report."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+ROW_FIELDS = {"model", "precision", "objective", "seq_length", "micro_batch", "status", "reason", "fp8_attention",
+              "fp8_attention_reason", "warmup_steps", "timed_steps", "seconds", "tokens_per_s", "flops_per_token",
+              "tflops_per_gpu", "peak_tflops", "mfu", "peak_memory_gib", "first_loss", "last_loss"}
+TOP_FIELDS = {"mode", "data", "environment", "peak_tflops", "peak_source", "memory_kind", "flop_convention", "fp8",
+              "precision_agreement", "runs", "goals", "config", "total_seconds", "failures", "ok"}
+
+
+def run_smoke(tmp_path, *extra):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--json", str(out), *extra],
+                          capture_output=True, text=True, timeout=300)
+    return proc, json.loads(out.read_text())
+
+
+def test_smoke_report_is_complete_and_sane(tmp_path):
+    proc, report = run_smoke(tmp_path, "--peak-tflops", "0.05")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert set(report) == TOP_FIELDS
+    assert report["ok"] is True and report["failures"] == []
+    assert report["mode"] == "smoke"
+    env = report["environment"]
+    for key in ("torch", "cuda", "transformer_engine", "apex", "megatron_core", "layer_spec", "layer_spec_reason"):
+        assert key in env
+    assert env["layer_spec"] in ("local", "transformer_engine")
+    assert report["peak_tflops"]["bf16"] == 0.05
+
+    bf16 = [r for r in report["runs"] if r["precision"] == "bf16"]
+    # Both objectives at both sequence lengths of the smoke shape.
+    assert {(r["objective"], r["seq_length"]) for r in bf16} == {("mlm", 64), ("clm", 64), ("mlm", 128),
+                                                                 ("clm", 128)}
+    for row in report["runs"]:
+        assert set(row) == ROW_FIELDS
+    for row in bf16:
+        assert row["status"] == "ok", row
+        assert row["timed_steps"] >= 2 and row["seconds"] > 0
+        assert row["tokens_per_s"] > 0 and row["tflops_per_gpu"] > 0 and row["flops_per_token"] > 0
+        assert 0 < row["mfu"] and math.isclose(row["mfu"], row["tflops_per_gpu"] / 0.05, rel_tol=1e-9)
+        assert row["peak_memory_gib"] > 0
+        assert math.isfinite(row["first_loss"]) and math.isfinite(row["last_loss"])
+        # Untrained on random tokens over a 256-token vocabulary: the loss is near ln(256) = 5.55.
+        assert abs(row["last_loss"] - math.log(256)) < 1.0
+    # Without CUDA, FP8 rows are present, skipped, and say why.
+    fp8 = [r for r in report["runs"] if r["precision"] == "fp8"]
+    assert len(fp8) == len(bf16) and all(r["status"] == "skipped" and r["reason"] for r in fp8)
+    assert report["fp8"]["available"] is False and report["fp8"]["reason"]
+
+    agreement = report["precision_agreement"]
+    assert agreement["passed"] is True
+    assert len(agreement["fp32_losses"]) == len(agreement["bf16_losses"]) == agreement["steps"] > 0
+    assert all(math.isfinite(x) for x in agreement["fp32_losses"] + agreement["bf16_losses"])
+    assert 0 <= agreement["max_rel_diff"] <= agreement["rtol"]
+    # bf16 is really a different precision: the losses are close but not identical.
+    assert agreement["fp32_losses"] != agreement["bf16_losses"]
+    assert all(g["measured"] is None for g in report["goals"].values())  # no goal is judged on CPU
+    assert "model" in proc.stdout and "tok/s" in proc.stdout  # the table was printed
+
+
+def test_a_failed_check_exits_nonzero_and_says_why(tmp_path):
+    proc, report = run_smoke(tmp_path, "--agreement-rtol", "0", "--seq-lengths", "64", "--objectives", "mlm")
+    assert proc.returncode == 1
+    assert report["ok"] is False
+    assert report["precision_agreement"]["passed"] is False
+    assert any("bf16 vs fp32" in f for f in report["failures"])
