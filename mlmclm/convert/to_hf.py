@@ -1,0 +1,253 @@
+"""Export a megatron dist checkpoint (any TP/PP/VPP/DP layout) as a Hugging Face EuroBERT directory.
+
+Tensors are streamed: each one is read from the torch_dist files (only its own saved chunks), split by the
+mapping table, cast, and written straight into safetensors; memory holds about one tensor, not the model.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
+from mlmclm.convert.hf_config import DTYPES, eurobert_config, rope_parameters
+from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
+from mlmclm.model.config import ModelConfig
+from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
+from mlmclm.train import checkpoint as ckpt
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOKENIZER_SUBDIR = "tokenizer"  # a checkpoint may carry its tokenizer (convert_from_hf writes one)
+
+
+class VerificationError(RuntimeError):
+    pass
+
+
+@dataclass
+class ExportConfig:
+    checkpoint: Path  # run dir (latest checkpoint), checkpoints dir, or iter_* dir
+    output: Path
+    dtype: str = "fp32"  # "fp32" | "bf16"
+    force: bool = False  # replace an existing output directory
+    verify: bool = False  # compare HF logits with ours before publishing the output
+    tolerance: float = 1e-4  # max abs logit difference --verify accepts (fp32 math, different op order)
+    tokenizer: str | None = None  # override the run's tokenizer (local dir, hub name, or "embedded")
+    max_shard_bytes: int = 5 * 2**30  # HF's default shard size
+    progress: bool = True
+
+    def __post_init__(self):
+        self.checkpoint, self.output = Path(self.checkpoint), Path(self.output)
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
+        if self.max_shard_bytes < 1:
+            raise ValueError("max_shard_bytes must be >= 1")
+
+
+@dataclass
+class ExportSummary:
+    checkpoint: str
+    output: str
+    num_parameters: int
+    dtype: str
+    source_layout: dict
+    iteration: int | None
+    consumed_tokens: int | None
+    seconds: float
+    output_bytes: int
+    files: list[str] = field(default_factory=list)
+    max_abs_diff: float | None = None
+
+    def text(self) -> str:
+        lines = [f"exported {self.checkpoint}", f"  -> {self.output}",
+                 f"  parameters: {self.num_parameters:,}  dtype: {self.dtype}  source layout: {self.source_layout}",
+                 f"  iteration: {self.iteration}  tokens seen: {self.consumed_tokens}",
+                 f"  files: {', '.join(self.files)}",
+                 f"  output size: {self.output_bytes / 2**20:.1f} MiB  time: {self.seconds:.1f} s"]
+        if self.max_abs_diff is not None:
+            lines.append(f"  verify: max |logits HF - ours| = {self.max_abs_diff:.3e}")
+        return "\n".join(lines)
+
+
+# --- reading and checking the checkpoint ------------------------------------------------------------------------
+
+@dataclass
+class SourceCheckpoint:
+    path: Path
+    run_config: dict
+    train_state: dict
+    model: ModelConfig
+
+
+def open_checkpoint(path: Path) -> SourceCheckpoint:
+    """Resolve and sanity-check a checkpoint; raise CheckpointError naming what is wrong."""
+    resolved = ckpt.resolve_checkpoint(path)
+    meta = ckpt.read_json(resolved, "metadata.json")
+    if meta.get("sharded_backend") != "torch_dist":
+        raise ckpt.CheckpointError(f"{resolved}: sharded backend {meta.get('sharded_backend')!r} is not supported "
+                                   f"(only torch_dist checkpoints are)")
+    try:
+        run_config = ckpt.read_json(resolved, ckpt.RUN_CONFIG)
+        train_state = ckpt.read_json(resolved, ckpt.TRAIN_STATE)
+    except json.JSONDecodeError as err:
+        raise ckpt.CheckpointError(f"{resolved}: unreadable JSON: {err}") from err
+    if not isinstance(run_config.get("model"), dict):
+        raise ckpt.CheckpointError(f"{resolved}/{ckpt.RUN_CONFIG} has no `model` section")
+    try:
+        model = ModelConfig.from_dict(run_config["model"])
+    except (TypeError, ValueError) as err:
+        raise ckpt.CheckpointError(f"{resolved}/{ckpt.RUN_CONFIG}: invalid model config: {err}") from err
+    return SourceCheckpoint(resolved, run_config, train_state, model)
+
+
+def expected_shape(name: str, split: str, cfg: ModelConfig) -> tuple:
+    """Full (TP=1) shape of a megatron tensor; None in place of the padded vocabulary size."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    if split == REPLICATED:
+        return (h,)
+    if split == ROWS:
+        return (None, h)
+    if split == QKV:
+        return ((cfg.num_attention_heads + 2 * cfg.num_kv_heads) * d, h)
+    if split == GATE_UP:
+        return (2 * cfg.ffn_hidden_size, h)
+    if split == COLUMNS:
+        return (h, cfg.ffn_hidden_size) if "linear_fc2" in name else (h, cfg.num_attention_heads * d)
+    raise ValueError(split)
+
+
+def check_tensors(reader: DistCheckpointReader, cfg: ModelConfig) -> None:
+    """Every tensor of the model is in the checkpoint with the shape the saved config says."""
+    for name, _, split in iter_mappings(cfg.num_layers):
+        try:
+            shape = reader.shape(name)
+        except CheckpointReadError as err:
+            raise CheckpointReadError(f"{err} (the checkpoint does not match its saved model config, or was saved "
+                                      f"with an unsupported layer spec)") from None
+        want = expected_shape(name, split, cfg)
+        vocab_ok = want[0] is not None or shape[0] >= cfg.vocab_size
+        if len(shape) != len(want) or not vocab_ok or any(w is not None and w != s for w, s in zip(want, shape)):
+            raise CheckpointReadError(f"{reader.path}: {name} has shape {shape}, the saved model config implies "
+                                      f"{tuple('vocab' if w is None else w for w in want)}")
+    saved_layers = reader.saved_layers()
+    if saved_layers != cfg.num_layers:
+        raise CheckpointReadError(f"{reader.path}: {saved_layers} layers saved, the config says {cfg.num_layers}")
+
+
+# --- tokenizer and model card ------------------------------------------------------------------------------------
+
+def resolve_tokenizer(source: SourceCheckpoint, override: str | None):
+    """The run's tokenizer, checked against the identity saved with the checkpoint."""
+    from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
+
+    carried = source.path / TOKENIZER_SUBDIR
+    name = override or (str(carried) if carried.is_dir() else (source.run_config.get("data") or {}).get("tokenizer"))
+    if not name:
+        raise ckpt.CheckpointError(f"{source.path}: the run config names no tokenizer (data.tokenizer); pass one "
+                                   f"with --tokenizer")
+    try:
+        tok = load_tokenizer(name)
+    except Exception as err:  # missing dir, no network for a hub name, broken files
+        raise ckpt.CheckpointError(f"cannot load the tokenizer {name!r}: {type(err).__name__}: {err}") from err
+    identity = tokenizer_identity(tok)
+    saved = source.train_state.get("tokenizer") or {}
+    if saved.get("vocab_hash") and saved["vocab_hash"] != identity["vocab_hash"]:
+        raise ckpt.CheckpointError(
+            f"tokenizer {name!r} is not the one the checkpoint was trained with (vocab_hash "
+            f"{identity['vocab_hash'][:12]} != saved {saved['vocab_hash'][:12]})")
+    if identity["vocab_size"] > source.model.vocab_size:
+        raise ckpt.CheckpointError(f"tokenizer {name!r} has {identity['vocab_size']} tokens, more than the model's "
+                                   f"vocabulary {source.model.vocab_size}")
+    return tok, identity, name
+
+
+def _phases(run_config: dict) -> list[dict]:
+    return [p for p in run_config.get("phases") or [] if isinstance(p, dict)]
+
+
+def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str:
+    rc, ts, m = source.run_config, source.train_state, source.model
+    run = Path(rc.get("run_dir") or source.path.parent.parent).name
+    phases = _phases(rc)
+    total = rc.get("total_steps")
+    rows = []
+    for i, p in enumerate(phases):
+        kind = (p.get("objective") or {}).get("kind", "?")
+        length = f"{p['steps']} steps" if p.get("steps") else f"{p.get('fraction')} of {total} steps"
+        rows.append(f"| {i} | {p.get('name') or kind} | {kind.upper()} | {length} |")
+    kinds = {(p.get("objective") or {}).get("kind") for p in phases}
+    converted = rc.get("converted_from")
+    lines = [
+        "---", "library_name: transformers", "pipeline_tag: fill-mask", "tags: [eurobert, mlmclm]", "---", "",
+        f"# {run} — iteration {ts.get('iteration')}", "",
+        f"EuroBERT-architecture encoder exported from the mlmclm checkpoint `{source.path.name}` of run `{run}`.", "",
+        f"- shape: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads "
+        f"({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}",
+        f"- RoPE: {json.dumps(rope_parameters(m))}, max positions {m.max_position_embeddings}",
+        f"- steps: {ts.get('iteration')} of {total}; tokens seen: {ts.get('consumed_tokens')}",
+        f"- phase at this checkpoint: {ts.get('phase_name')} (index {ts.get('phase_index')})",
+        f"- tokenizer: `{Path(str(tokenizer_name)).name}`; weights: {dtype}",
+        f"- training layout: {ts.get('layout')}",
+    ]
+    if converted:
+        lines.append(f"- converted from Hugging Face: `{json.dumps(converted, sort_keys=True)}`")
+    if rows:
+        lines += ["", "## Objective phases", "", "| # | name | objective | length |", "|---|---|---|---|", *rows]
+    if "clm" in kinds or (converted and converted.get("model_type") == "llama"):
+        lines += ["", "Part of this model's training used a causal (CLM) objective. It is exported, like every "
+                      "checkpoint, as a bidirectional EuroBERT encoder: Hugging Face's EuroBERT attends in both "
+                      "directions, which is how the EuroBERT paper fine-tunes CLM-trained checkpoints."]
+    lines += ["", "Load with `AutoModelForMaskedLM.from_pretrained(path)` and `AutoTokenizer.from_pretrained(path)` "
+                  "(no remote code).", ""]
+    return "\n".join(lines)
+
+
+# --- export ------------------------------------------------------------------------------------------------------
+
+def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
+    start = time.time()
+    source = open_checkpoint(cfg.checkpoint)
+    check_output(cfg.output, cfg.force)  # fail before any work
+    tok, identity, tok_name = resolve_tokenizer(source, cfg.tokenizer)
+    reader = DistCheckpointReader(source.path)
+    check_tensors(reader, source.model)
+    model = source.model
+    dtype = TORCH_DTYPES[cfg.dtype]
+    # The mapping on meta tensors gives every HF name and shape, in write order, without reading data.
+    plan = [(n, tuple(t.shape)) for n, t in megatron_to_hf(
+        lambda name: torch.empty(reader.shape(name), device="meta"), model)]
+    with staged_output(cfg.output, cfg.force) as staging:
+        writer = SafetensorsStreamWriter(staging, plan, dtype, cfg.max_shard_bytes)
+        tensors = megatron_to_hf(reader.read, model)
+        for name, tensor in tqdm(tensors, total=len(plan), desc="export", unit="tensor", disable=not cfg.progress):
+            writer.write(name, tensor)
+        files = writer.close()
+        eurobert_config(model, identity, cfg.dtype).save_pretrained(str(staging))
+        tok.save_pretrained(str(staging))
+        (staging / "README.md").write_text(model_card(source, tok_name, cfg.dtype))
+        diff = None
+        if cfg.verify:
+            from mlmclm.convert.verify import compare_logits
+
+            diff = compare_logits(source.path, staging, model, cfg.dtype)
+            if not diff <= cfg.tolerance:
+                raise VerificationError(f"verification failed: max |logits HF - ours| = {diff:.3e} > tolerance "
+                                        f"{cfg.tolerance:.1e}; nothing was written to {cfg.output}")
+        size = dir_size(staging)
+    return ExportSummary(
+        checkpoint=str(source.path), output=str(cfg.output), num_parameters=writer.num_params, dtype=cfg.dtype,
+        source_layout=source.train_state.get("layout") or {}, iteration=source.train_state.get("iteration"),
+        consumed_tokens=source.train_state.get("consumed_tokens"), seconds=time.time() - start, output_bytes=size,
+        files=files, max_abs_diff=diff)
+
+
+def export_checkpoint(checkpoint_dir: Path, output_dir: Path, *, dtype: str = "fp32", force: bool = False,
+                      verify: bool = False, progress: bool = False) -> Path:
+    """Export one checkpoint to `output_dir` (HF EuroBERT); returns `output_dir`. Used by the evaluation code."""
+    convert_to_hf(ExportConfig(checkpoint_dir, output_dir, dtype=dtype, force=force, verify=verify,
+                               progress=progress))
+    return Path(output_dir)
