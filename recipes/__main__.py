@@ -1,0 +1,73 @@
+"""`python -m recipes`: list, dry-run or launch the registered NeMo-Run recipes.
+
+    python -m recipes --list                     # names and summaries
+    python -m recipes --list-markdown            # the table in recipes/README.md
+    python -m recipes tiny_clm_mlm               # CPU: 2 torchrun processes through NeMo-Run's LocalExecutor
+    python -m recipes clm_mlm_610m nodes=4 clm_share=0.5 total_steps=22000 --executor slurm --dryrun
+    python -m recipes clm_610m total_steps=31500 --then cpt_610m then.steps=10500 --executor slurm
+
+Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainConfig paths (`optimizer.lr=3e-4`);
+`then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="python -m recipes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", nargs="?", help="registered recipe name (see --list)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides (see above)")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local")
+    parser.add_argument("--then", metavar="RECIPE", help="a second task starting from this run's final checkpoint")
+    parser.add_argument("--dryrun", action="store_true", help="write the launch scripts, submit nothing")
+    parser.add_argument("--detach", action="store_true", help="return after submitting (Slurm)")
+    parser.add_argument("--name", help="experiment title (default: the recipe name)")
+    parser.add_argument("--list", action="store_true", help="list the registered recipes")
+    parser.add_argument("--list-markdown", action="store_true", help="print the recipe table (Markdown)")
+    return parser, parser.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
+    parser, args = parse_args(argv)
+    from recipes import launch, registry
+    from cluster.executors import settings
+
+    if args.list_markdown:
+        print(registry.markdown_table(), end="")
+        return 0
+    if args.list:
+        for recipe in registry.RECIPES.values():
+            print(f"{recipe.name:<16} {recipe.summary}")
+        print(f"\nSlurm settings (environment variables):\n{settings()}")
+        return 0
+    if not args.recipe:
+        parser.error("give a recipe name, or --list")
+    first_items = [o for o in args.overrides if not o.startswith("then.")]
+    then_items = [o.removeprefix("then.") for o in args.overrides if o.startswith("then.")]
+    if then_items and not args.then:
+        parser.error("then.* overrides need --then RECIPE")
+    try:
+        first, overrides = launch.build(args.recipe, first_items)
+        tasks = [(args.recipe, first)]
+        if args.then:
+            second, _ = launch.build(args.then, then_items, extra_params=launch.init_from_param(
+                args.then, first))
+            tasks.append((args.then if args.then != args.recipe else f"{args.then}-2", launch.chain(first, second)))
+        if args.executor == "local" and not args.dryrun:
+            launch.prepare_local_data([args.recipe] + ([args.then] if args.then else []), [t[1] for t in tasks])
+        exp = launch.launch(tasks, args.executor, overrides.executor, title=args.name, dryrun=args.dryrun,
+                            detach=args.detach)
+    except (ValueError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"experiment directory: {exp._exp_dir}")
+    return 0
+
+
+if __name__ == "__main__":  # guarded: NeMo-Run re-imports this file's source inside every task
+    sys.exit(main())

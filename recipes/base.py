@@ -1,0 +1,190 @@
+"""The one common recipe base: a `run.Partial(pretrain_entry, config=run.Config(TrainConfig, ...))` builder,
+the paper's defaults, the per-size H100 layouts, batch sizing for a fixed global batch, and recipe validation.
+
+Every registered recipe (paper sizes and the tiny CPU ones) is this builder with different arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import fiddle as fdl
+import nemo_run as run
+
+from mlmclm.model.config import ModelConfig, preset
+from mlmclm.model.precision import PrecisionConfig
+from mlmclm.objectives import ObjectiveConfig
+from mlmclm.parallel.runtime import ParallelConfig
+from mlmclm.train.config import CheckpointConfig, DataConfig, LoggingConfig, PhaseConfig, TrainConfig
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from recipes.entry import pretrain_entry
+
+# --- the paper's setup --------------------------------------------------------------------------------------
+PAPER_SEQ_LENGTH = 1024  # tokens per packed FineWeb-Edu sequence (set when the data is prepared)
+PAPER_GPUS, PAPER_SEQS_PER_GPU = 192, 12
+PAPER_GLOBAL_BATCH = PAPER_GPUS * PAPER_SEQS_PER_GPU  # 2304 sequences = 2 359 296 tokens per step
+PAPER_TOTAL_STEPS = 42_000
+PAPER_WARMUP_STEPS = 2_000
+PAPER_DECAY_STEPS = 2_000  # WSD: linear decay over the last 2k steps
+PAPER_DATA_PATH = "/data/fineweb-edu-llama3-1024"  # container path; the Slurm executor mounts data at /data
+PAPER_RUN_ROOT = "/checkpoints/mlmclm"  # container path; the Slurm executor mounts checkpoints at /checkpoints
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class SizeLayout:
+    """How one paper size is split on 8×H100 (80 GB) nodes."""
+
+    preset: str
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    virtual_pipeline_parallel: int | None = None
+    context_parallel: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    max_micro_batch: int = PAPER_SEQS_PER_GPU  # sequences per GPU per forward; accumulation covers the rest
+
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.tensor_parallel, self.pipeline_parallel, self.virtual_pipeline_parallel,
+                              self.context_parallel, self.sequence_parallel)
+
+
+# FP8 (hybrid E4M3/E5M2 GEMMs through TE) is on for every size; FP8 *attention* stays "auto", which
+# `mlmclm.model.precision.fp8_attention_decision` turns off for these shapes (head_dim 64 and 96; TE's FP8 fused
+# attention trains on Hopper only with head_dim 128), so attention runs in bf16 and logs why.
+SIZES: dict[str, SizeLayout] = {
+    # 210m (head_dim 64): weights + Adam state are ~3 GB, so pure data parallelism is fastest; TP/PP/CP would
+    # only add communication at seq 1024, and the distributed optimizer shards Adam state over DP for free.
+    "210m": SizeLayout("eurobert-210m"),
+    # 610m (head_dim 64, 6 KV heads): ~10 GB of weights/grads/Adam before sharding and ~25 GB of activations at
+    # 12×1024 tokens fit an 80 GB H100, so TP=1 (TP would split 6 KV heads and shrink 1152-wide GEMMs); DP +
+    # distributed optimizer.
+    "610m": SizeLayout("eurobert-610m"),
+    # 1b (head_dim 96): ~17 GB of weights/grads/Adam before sharding plus ~30 GB of activations (flash attention,
+    # 12×1024 tokens, 128k-vocab logits) still fit one H100; TP=2 would be the first step if memory ran short
+    # (6 KV heads split evenly, SP then on), but at this size its all-reduces cost more than they save.
+    "1b": SizeLayout("eurobert-1b"),
+}
+
+
+def micro_batch_for(global_batch: int, data_parallel: int, max_micro: int) -> int:
+    """The largest micro batch <= max_micro that splits global_batch evenly over data_parallel ranks.
+
+    Accumulation = per-rank sequences / micro batch, so the global batch (in tokens) stays fixed when the
+    number of nodes changes.
+    """
+    per_rank, rest = divmod(global_batch, data_parallel)
+    if rest or per_rank == 0:
+        raise ValueError(f"global batch {global_batch} sequences cannot be split evenly over {data_parallel} "
+                         f"data-parallel ranks; choose a node count whose data-parallel size divides {global_batch}")
+    return max(m for m in range(1, min(max_micro, per_rank) + 1) if per_rank % m == 0)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase as recipes describe it: an objective and its share of the run (or fixed steps)."""
+
+    kind: str
+    fraction: float | None = None
+    steps: int | None = None
+    mask_ratio: float = 0.4
+    mask_mode: str = "mask_only"
+
+
+def _config_of(obj) -> run.Config:
+    """A flat dataclass instance -> the equivalent `run.Config` (so CLI overrides can reach every field)."""
+    return run.Config(type(obj), **{f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def train_partial(
+    *,
+    model: ModelConfig,
+    layout: SizeLayout | ParallelConfig,
+    phases: list[Phase],
+    total_steps: int,
+    global_batch_size: int,
+    nodes: int,
+    gpus_per_node: int,
+    data_path: str,
+    run_dir: str,
+    tokenizer: str | None = None,
+    warmup_steps: int = PAPER_WARMUP_STEPS,
+    decay_steps: int | None = PAPER_DECAY_STEPS,
+    lr: float = 5e-4,
+    init_from: str | None = None,
+    fp8: bool = True,
+    max_micro_batch: int = PAPER_SEQS_PER_GPU,
+    save_interval: int | None = 1000,
+    log_interval: int = 10,
+    seed: int = 1234,
+) -> run.Partial:
+    """The common base: every recipe is this with its own arguments; validated before it is returned."""
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes} and {gpus_per_node}")
+    parallel = layout.parallel() if isinstance(layout, SizeLayout) else layout
+    dp = parallel.data_parallel_size(nodes * gpus_per_node)
+    micro = micro_batch_for(global_batch_size, dp, max_micro_batch)
+    config = run.Config(
+        TrainConfig,
+        run_dir=run_dir,
+        model=run.Config(ModelConfig, **model.to_dict()),
+        data=run.Config(DataConfig, path=data_path, tokenizer=tokenizer, seed=seed),
+        phases=[run.Config(PhaseConfig, steps=p.steps, fraction=p.fraction,
+                           objective=run.Config(ObjectiveConfig, kind=p.kind, mask_ratio=p.mask_ratio,
+                                                mask_mode=p.mask_mode))
+                for p in phases],
+        total_steps=total_steps,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro,
+        parallel=_config_of(parallel),
+        # The paper's optimizer: AdamW β (0.9, 0.95), eps 1e-5, wd 0.1, clip 1.0.
+        optimizer=run.Config(OptimizerConfig, lr=lr, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1,
+                             clip_grad=1.0, distributed_optimizer=getattr(layout, "distributed_optimizer", True)),
+        schedule=run.Config(ScheduleConfig, style="wsd", warmup_steps=warmup_steps, decay_steps=decay_steps,
+                            decay_shape="linear"),
+        precision=run.Config(PrecisionConfig, dtype="auto", fp8="hybrid" if fp8 else None, fp8_attention="auto"),
+        checkpoint=run.Config(CheckpointConfig, save_interval=save_interval, init_from=init_from),
+        logging=run.Config(LoggingConfig, log_interval=log_interval),
+        seed=seed,
+        use_te=True if fp8 else None,  # FP8 needs TE layers; without FP8, TE is used when importable
+    )
+    partial = run.Partial(pretrain_entry, config=config, nodes=nodes, gpus_per_node=gpus_per_node)
+    validate(partial)
+    return partial
+
+
+def paper_model(size: str) -> tuple[ModelConfig, SizeLayout]:
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
+    layout = SIZES[size]
+    return preset(layout.preset), layout
+
+
+# --- validation -------------------------------------------------------------------------------------------------
+
+def world_size(partial: run.Partial) -> int:
+    return partial.nodes * partial.gpus_per_node
+
+
+def validate(partial: run.Partial) -> TrainConfig:
+    """Build the TrainConfig (its own checks run) and check what only the launch shape reveals.
+
+    Raises ValueError naming the problem: layout vs model, world size vs layout, global batch vs micro batch × DP,
+    interleaved schedule, WSD schedule vs run length, and the CLM→MLM switch placed before the WSD decay.
+    """
+    cfg: TrainConfig = fdl.build(partial.config)
+    dp = cfg.parallel.data_parallel_size(world_size(partial))
+    num_micro = cfg.num_microbatches(dp)
+    if cfg.parallel.virtual_pipeline_parallel and num_micro % cfg.parallel.pipeline_parallel:
+        raise ValueError(f"the interleaved schedule needs the {num_micro} micro-batches per step divisible by "
+                         f"pipeline_parallel {cfg.parallel.pipeline_parallel}")
+    sched, steps = cfg.schedule, cfg.phase_steps()
+    decay = sched.decay_steps if sched.decay_steps is not None else max(1, cfg.total_steps // 10)
+    if sched.style == "wsd":
+        if sched.warmup_steps + decay > cfg.total_steps:
+            raise ValueError(f"schedule: warmup {sched.warmup_steps} + decay {decay} exceed total_steps "
+                             f"{cfg.total_steps}")
+        if len(steps) > 1 and decay > steps[-1]:
+            raise ValueError(
+                f"the switch to the last phase ('{cfg.phases[-1].name}', {steps[-1]} steps) must come before the "
+                f"WSD decay ({decay} steps): the decay has to fit inside the last phase")
+    return cfg

@@ -1,0 +1,38 @@
+"""The function every recipe's `run.Partial` targets: what NeMo-Run calls inside each torchrun process."""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+from mlmclm.train.config import TrainConfig
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved and stopped early; run again to continue
+
+
+def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) -> dict:
+    """Train `config` on the ranks torchrun started; `nodes × gpus_per_node` is the world the recipe was sized for.
+
+    The recipe derived the micro batch from that world size, so a launch with another size is refused here
+    rather than silently training with a different batch or layout.
+    """
+    expected = nodes * gpus_per_node
+    actual = int(os.environ.get("WORLD_SIZE", "1"))
+    if actual != expected:
+        raise RuntimeError(
+            f"this recipe was sized for {nodes} node(s) × {gpus_per_node} process(es) = {expected} ranks, but the "
+            f"launcher started {actual}; rebuild the recipe with nodes=/gpus_per_node= matching the executor")
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|deprecated|experimental).*")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from mlmclm.train.pretrain import pretrain
+
+    result = pretrain(config)
+    log = logging.getLogger("recipes")
+    if result.status == "preempted":
+        # Non-zero on purpose: the Slurm job requeues itself and resumes, and a dependent (afterok) task of a
+        # chain does not start from a half-finished run.
+        log.warning("preempted at step %d; checkpoint saved in %s, a relaunch resumes", result.steps, config.run_dir)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+    if os.environ.get("RANK", "0") == "0":
+        log.info("run finished: %s", result)
+    return result.__dict__

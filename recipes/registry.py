@@ -1,0 +1,129 @@
+"""The recipe registry: named recipes (builder + fixed size + paper grid), registered as NeMo-Run factories
+for `pretrain_entry`, and the Markdown table of them that `python -m recipes --list-markdown` prints."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import nemo_run as run
+
+from recipes import paper, tiny
+from recipes.base import PAPER_SEQ_LENGTH, SIZES, validate, world_size
+from recipes.entry import pretrain_entry
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    builder: Callable[..., run.Partial]
+    summary: str
+    fixed: dict[str, Any] = field(default_factory=dict)  # arguments the name fixes (the size)
+    grid: dict[str, tuple] = field(default_factory=dict)  # the paper's values of free parameters
+    example: dict[str, Any] = field(default_factory=dict)  # for required parameters, when listing/testing
+    seq_length: int = PAPER_SEQ_LENGTH  # of the data the recipe expects (tokens per step in the table)
+    prepare: Callable[[str], Any] | None = None  # local data preparation before launch (tiny recipes)
+
+    def parameters(self) -> dict[str, Any]:
+        """Free parameters and their defaults (what `key=value` on the command line can set)."""
+        sig = inspect.signature(self.builder)
+        return {n: p.default for n, p in sig.parameters.items() if n not in self.fixed}
+
+    def build(self, **params) -> run.Partial:
+        unknown = set(params) - set(self.parameters())
+        if unknown:
+            raise ValueError(f"recipe {self.name}: unknown parameter(s) {sorted(unknown)}; "
+                             f"known: {sorted(self.parameters())}")
+        return self.builder(**self.fixed, **params)
+
+
+def _paper_recipes() -> list[Recipe]:
+    recipes = []
+    for size in SIZES:
+        fixed = {"size": size}
+        recipes += [
+            Recipe(f"mlm_{size}", paper.mlm, f"MLM from scratch, {size}", fixed,
+                   {"mask_ratio": paper.MASK_RATIOS}),
+            Recipe(f"clm_{size}", paper.clm, f"CLM from scratch, {size}", fixed),
+            Recipe(f"clm_mlm_{size}", paper.clm_mlm, f"CLM then MLM in one job (in-process switch), {size}", fixed,
+                   {"clm_share": paper.CLM_SHARES, "total_steps": paper.BIPHASIC_BUDGETS}),
+            Recipe(f"cpt_{size}", paper.cpt, f"continued MLM pretraining from a checkpoint, {size}", fixed,
+                   {"steps": paper.CPT_STEPS}, example={"init_from": f"/checkpoints/mlmclm/clm_{size}-42k"}),
+        ]
+    return recipes
+
+
+def _tiny_recipes() -> list[Recipe]:
+    common = dict(seq_length=tiny.TINY_SEQ_LENGTH, prepare=tiny.prepare_tiny_data)
+    return [
+        Recipe("tiny_clm_mlm", tiny.tiny_clm_mlm, "CPU demo: tiny model, CLM 25 % then MLM, 2 processes", **common),
+        Recipe("tiny_clm", tiny.tiny_clm, "CPU demo: tiny model, CLM only, 2 processes", **common),
+        Recipe("tiny_mlm", tiny.tiny_mlm, "CPU demo: tiny model, MLM only (init_from= makes it CPT), 2 processes",
+               **common),
+    ]
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in _paper_recipes() + _tiny_recipes()}
+
+
+def get(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; `python -m recipes --list` shows the {len(RECIPES)} recipes")
+    return RECIPES[name]
+
+
+def _register_with_nemo_run() -> None:
+    """Each recipe as a NeMo-Run factory of `pretrain_entry`: `run.cli.resolve_factory(pretrain_entry, NAME)()`."""
+    for recipe in RECIPES.values():
+        def factory(recipe: Recipe = recipe, **params) -> run.Partial:
+            return recipe.build(**params)
+
+        factory.__name__ = factory.__qualname__ = recipe.name
+        run.cli.factory(factory, target=pretrain_entry, name=recipe.name)
+
+
+_register_with_nemo_run()
+
+
+# --- the generated documentation table ----------------------------------------------------------------------
+
+def _layout(cfg) -> str:
+    p = cfg.parallel
+    parts = [f"TP{p.tensor_parallel}", f"PP{p.pipeline_parallel}"]
+    if p.virtual_pipeline_parallel:
+        parts.append(f"VPP{p.virtual_pipeline_parallel}")
+    parts.append(f"CP{p.context_parallel}")
+    if p.sequence_parallel:
+        parts.append("SP")
+    if cfg.optimizer.distributed_optimizer:
+        parts.append("dist-opt")
+    if cfg.precision.fp8:
+        parts.append(f"FP8 {cfg.precision.fp8}")
+    return " ".join(parts)
+
+
+def _phases(cfg) -> str:
+    steps = cfg.phase_steps()
+    return " → ".join(f"{p.name} {s}" + (f" (mask {p.objective.mask_ratio})" if p.objective.kind == "mlm" else "")
+                      for p, s in zip(cfg.phases, steps))
+
+
+def markdown_table() -> str:
+    """One row per registered recipe, built with its defaults (and example values for required parameters)."""
+    lines = ["| Recipe | What it runs | Model | Phases (steps) | Schedule | Layout | Nodes × GPUs | "
+             "Micro × accum × DP | Tokens/step | Paper grid | Parameters |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for recipe in RECIPES.values():
+        partial = recipe.build(**recipe.example)
+        cfg = validate(partial)
+        dp = cfg.parallel.data_parallel_size(world_size(partial))
+        accum = cfg.num_microbatches(dp)
+        sched = cfg.schedule
+        grid = "; ".join(f"{k} ∈ {{{', '.join(str(v) for v in vals)}}}" for k, vals in recipe.grid.items()) or "—"
+        params = ", ".join(f"`{k}`" for k in recipe.parameters())
+        lines.append(
+            f"| `{recipe.name}` | {recipe.summary} | {cfg.model.name} | {_phases(cfg)} | "
+            f"{sched.style} warmup {sched.warmup_steps}, decay {sched.decay_steps} | {_layout(cfg)} | "
+            f"{partial.nodes} × {partial.gpus_per_node} | {cfg.micro_batch_size} × {accum} × {dp} | "
+            f"{cfg.global_batch_size * recipe.seq_length:,} | {grid} | {params} |")
+    return "\n".join(lines) + "\n"

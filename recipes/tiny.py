@@ -1,0 +1,63 @@
+"""Tiny CPU recipes (what `make demo`-sized runs use): the `tiny` preset, the embedded corpus, 2 processes.
+
+Same base as the paper recipes; only the shape, data, batch and schedule lengths are scaled down.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nemo_run as run
+
+from mlmclm.model.config import preset
+from mlmclm.parallel.runtime import ParallelConfig
+from recipes.base import Phase, train_partial
+
+TINY_DATA_PATH = "runs/demo_data"
+TINY_RUN_ROOT = "runs/recipes"
+TINY_SEQ_LENGTH = 128
+TINY_MAX_TOKENS = 300_000  # enough packed sequences for a few hundred tiny steps; prepares in seconds
+
+
+def _tiny(run_name: str, phases: list[Phase], *, steps: int, processes: int, data_path: str, run_dir: str | None,
+          warmup_steps: int, decay_steps: int, init_from: str | None = None,
+          tensor_parallel: int = 1) -> run.Partial:
+    return train_partial(
+        model=preset("tiny"), layout=ParallelConfig(tensor_parallel=tensor_parallel), phases=phases,
+        total_steps=steps, global_batch_size=8, nodes=1, gpus_per_node=processes, data_path=data_path,
+        run_dir=run_dir or f"{TINY_RUN_ROOT}/{run_name}", tokenizer="embedded", warmup_steps=warmup_steps,
+        decay_steps=decay_steps, lr=1e-3, init_from=init_from, fp8=False, max_micro_batch=2,
+        save_interval=max(1, steps // 2), log_interval=2)
+
+
+def tiny_clm_mlm(steps: int = 20, clm_share: float = 0.25, mask_ratio: float = 0.4, processes: int = 2,
+                 data_path: str = TINY_DATA_PATH, run_dir: str | None = None,
+                 tensor_parallel: int = 1) -> run.Partial:
+    """CLM then MLM in one job (in-process switch) on CPU."""
+    phases = [Phase("clm", fraction=clm_share), Phase("mlm", fraction=1 - clm_share, mask_ratio=mask_ratio)]
+    decay = max(1, round(steps * (1 - clm_share)) // 2)  # half the MLM phase: the switch precedes the decay
+    return _tiny("tiny_clm_mlm", phases, steps=steps, processes=processes, data_path=data_path, run_dir=run_dir,
+                 warmup_steps=max(1, steps // 10), decay_steps=decay, tensor_parallel=tensor_parallel)
+
+
+def tiny_clm(steps: int = 20, processes: int = 2, data_path: str = TINY_DATA_PATH,
+             run_dir: str | None = None) -> run.Partial:
+    return _tiny("tiny_clm", [Phase("clm", fraction=1.0)], steps=steps, processes=processes, data_path=data_path,
+                 run_dir=run_dir, warmup_steps=max(1, steps // 10), decay_steps=max(1, steps // 5))
+
+
+def tiny_mlm(steps: int = 20, mask_ratio: float = 0.4, processes: int = 2, data_path: str = TINY_DATA_PATH,
+             run_dir: str | None = None, init_from: str | None = None) -> run.Partial:
+    """MLM on CPU; with `init_from` it is the continued-pretraining (CPT) variant."""
+    return _tiny("tiny_cpt" if init_from else "tiny_mlm", [Phase("mlm", fraction=1.0, mask_ratio=mask_ratio)],
+                 steps=steps, processes=processes, data_path=data_path, run_dir=run_dir,
+                 warmup_steps=max(1, steps // 10), decay_steps=max(1, steps // 5), init_from=init_from)
+
+
+def prepare_tiny_data(data_path: str = TINY_DATA_PATH) -> Path:
+    """The embedded demo corpus, packed for the tiny recipes; reused when a manifest is already there."""
+    from mlmclm.data.prepare import prepare_embedded_corpus
+
+    path = Path(data_path)
+    if not (path / "manifest.json").exists():
+        prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=TINY_MAX_TOKENS, progress=False)
+    return path
