@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""Tokens/s of our training step (megatron-core, TP=1, CPU) against a plain PyTorch loop over Hugging Face's
+EuroBertForMaskedLM with torch.optim.AdamW: same shape, weights, batch, sequence length and MLM masked batch.
+
+    python benchmarks/train_step.py                                  # hidden 256, 4 layers, seq 256, batch 8
+    python benchmarks/train_step.py --hidden 512 --layers 8 --rounds 5
+
+Each side lives in its own worker process, so the CPU emulation that megatron needs here (a TorchFunctionMode
+that sees every torch call, `mlmclm/parallel/cpu_emulation.py`) is installed only where it belongs. The parent
+alternates the workers round by round (only one computes at a time) and takes each side's fastest round (as timeit
+does: other load on the machine only ever slows a round down), with the median printed too. Columns:
+  ours             `mlmclm.train.step.train_step` (megatron schedules, DDP, megatron AdamW + clipping)
+  hf-sdpa          HF model (its default SDPA attention), CE over masked positions, clip, torch AdamW
+  hf-eager         the same with HF's eager attention (matmul + softmax, like megatron's local attention on CPU)
+  hf-eager+emu     hf-eager with the CPU emulation installed: what the TorchFunctionMode alone costs
+Step-1 losses of all columns must agree (same weights and batch), which the script checks. Goal: ours >= 1.0x.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+COLUMNS = ("ours", "hf-sdpa", "hf-eager", "hf-eager+emu")
+SPECIAL_IDS, MASK_ID = [0, 1, 2, 3], 3
+
+
+@dataclass
+class BenchConfig:
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 1024
+    vocab: int = 8192
+    seq: int = 256
+    batch: int = 8
+    mask_ratio: float = 0.4
+    warmup: int = 2     # steps before the first timed round, per worker
+    steps: int = 5      # steps per round
+    rounds: int = 3
+    threads: int = 0    # torch threads per worker; 0 = torch's default (the machine's cores)
+    seed: int = 0
+
+
+def model_config(cfg: BenchConfig):
+    from mlmclm.model import ModelConfig
+
+    return ModelConfig(num_layers=cfg.layers, hidden_size=cfg.hidden, num_attention_heads=cfg.heads,
+                       num_kv_heads=cfg.kv_heads, ffn_hidden_size=cfg.ffn, vocab_size=cfg.vocab,
+                       max_position_embeddings=max(cfg.seq, 64), make_vocab_divisible_by=128)
+
+
+def hf_model(cfg: BenchConfig, attention: str):
+    import torch
+    from transformers import EuroBertConfig, EuroBertForMaskedLM
+
+    shape = model_config(cfg)
+    hf_cfg = EuroBertConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+                            num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+                            intermediate_size=cfg.ffn, max_position_embeddings=shape.max_position_embeddings,
+                            rms_norm_eps=shape.norm_eps,
+                            rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+                            pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=MASK_ID,
+                            tie_word_embeddings=False, attn_implementation=attention)
+    torch.manual_seed(cfg.seed)  # every worker builds the same initial weights
+    return EuroBertForMaskedLM(hf_cfg)
+
+
+def masked_batches(cfg: BenchConfig):
+    """Two distinct MLM batches (random tokens), identical in every worker."""
+    import torch
+
+    from mlmclm.objectives import ObjectiveConfig, build_objective
+
+    objective = build_objective(ObjectiveConfig("mlm", mask_ratio=cfg.mask_ratio), special_token_ids=SPECIAL_IDS,
+                                mask_token_id=MASK_ID, vocab_size=cfg.vocab, seed=cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    out = []
+    for i in range(2):
+        tokens = torch.randint(len(SPECIAL_IDS), cfg.vocab, (cfg.batch, cfg.seq), generator=gen)
+        out.append(objective.prepare(tokens, torch.arange(i * cfg.batch, (i + 1) * cfg.batch)))
+    return out
+
+
+def ours_stepper(cfg: BenchConfig):
+    from mlmclm.model import build_model
+    from mlmclm.model.hf_mapping import hf_to_megatron
+    from mlmclm.model.weights import load_full_weights
+    from mlmclm.parallel import ParallelConfig, init_parallel
+    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+    from mlmclm.train.step import configure_model_for_schedules, train_step
+
+    shape = model_config(cfg)
+    init_parallel(ParallelConfig(), seed=cfg.seed)
+    reference = hf_model(cfg, "eager")
+    weights = dict(hf_to_megatron(reference.state_dict().__getitem__, shape, shape.padded_vocab_size(1)))
+    chunks = build_model(shape, ParallelConfig(), causal=False)
+    load_full_weights(chunks, weights.__getitem__)
+    opt_cfg = OptimizerConfig()
+    ddp = wrap_ddp(chunks, opt_cfg.distributed_optimizer)
+    optimizer = build_optimizer(ddp, opt_cfg)
+    scheduler = build_scheduler(optimizer, opt_cfg, ScheduleConfig(style="constant"), total_steps=10**6)
+    configure_model_for_schedules(ddp, optimizer)
+    return lambda batch: train_step(ddp, optimizer, scheduler, [batch]).loss
+
+
+def hf_stepper(cfg: BenchConfig, attention: str):
+    import torch
+    import torch.nn.functional as F
+
+    from mlmclm.train.optim import OptimizerConfig
+
+    opt_cfg = OptimizerConfig()
+    model = hf_model(cfg, attention).train()
+    params = dict(model.named_parameters())
+    # megatron's AdamW decays matrices, not norm weights; the plain loop does the same.
+    groups = [{"params": [p for p in params.values() if p.ndim >= 2], "weight_decay": opt_cfg.weight_decay},
+              {"params": [p for p in params.values() if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=opt_cfg.lr, betas=(opt_cfg.beta1, opt_cfg.beta2), eps=opt_cfg.eps)
+
+    def step(batch):
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(input_ids=batch.input_ids).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100, reduction="sum")
+        loss = loss / batch.loss_mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.clip_grad)
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def worker(column: str, cfg: BenchConfig, conn) -> None:
+    """Build one side, then answer "run a round" requests with (seconds, losses) until told to stop."""
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("megatron").setLevel(logging.ERROR)
+    import torch
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        if column == "ours":
+            step = ours_stepper(cfg)
+        else:
+            if column.endswith("+emu"):
+                from mlmclm.parallel import cpu_emulation
+
+                cpu_emulation.install()
+            step = hf_stepper(cfg, "sdpa" if column == "hf-sdpa" else "eager")
+        batches = masked_batches(cfg)
+        first_loss = step(batches[0])
+        for i in range(1, cfg.warmup):
+            step(batches[i % 2])
+        conn.send(("ready", (first_loss, torch.get_num_threads())))
+        while conn.recv() == "round":
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for i in range(cfg.steps):
+                step(batches[i % 2])
+            conn.send(("round", (time.perf_counter() - start, time.process_time() - cpu_start)))
+    except Exception as err:  # the parent reports it
+        import traceback
+
+        conn.send(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for column in columns:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(column, cfg, child), daemon=True)
+        proc.start()
+        workers[column] = (proc, parent)
+    first_loss, threads, rounds, cpu = {}, {}, {c: [] for c in columns}, {c: [] for c in columns}
+    try:
+        for column, (_, conn) in workers.items():  # workers build in parallel; warm-up is awaited here
+            kind, value = conn.recv()
+            if kind == "error":
+                raise RuntimeError(f"{column} worker failed: {value}")
+            first_loss[column], threads[column] = value
+        for _ in range(cfg.rounds):
+            for column, (_, conn) in workers.items():  # one side at a time
+                conn.send("round")
+                kind, value = conn.recv()
+                if kind == "error":
+                    raise RuntimeError(f"{column} worker failed: {value}")
+                rounds[column].append(value[0])
+                cpu[column].append(value[1])
+    finally:
+        for proc, conn in workers.values():
+            try:
+                conn.send("stop")
+            except (BrokenPipeError, OSError):
+                pass
+            proc.join(timeout=30)
+    tokens = cfg.steps * cfg.batch * cfg.seq
+    tok_s = {c: tokens / min(r) for c, r in rounds.items()}
+    median = {c: tokens / statistics.median(r) for c, r in rounds.items()}
+    # Process CPU time (all threads) is a second view that other load on the machine disturbs less.
+    per_cpu_s = {c: tokens / min(r) for c, r in cpu.items()}
+    return {"config": asdict(cfg), "tokens_per_s": tok_s, "tokens_per_s_median": median, "round_seconds": rounds,
+            "tokens_per_cpu_s": per_cpu_s, "first_loss": first_loss, "threads": threads}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = BenchConfig()
+    for name, value in asdict(defaults).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    p.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS))
+    p.add_argument("--loss-atol", type=float, default=1e-3, help="step-1 losses must agree within this")
+    args = vars(p.parse_args(argv))
+    columns, atol = args.pop("columns"), args.pop("loss_atol")
+    if "ours" not in columns:
+        p.error("--columns must include ours")
+    cfg = BenchConfig(**args)
+    import torch
+
+    start = time.perf_counter()
+    result = run(cfg, columns)
+    print(f"cores: os.cpu_count()={os.cpu_count()}, torch threads per worker={sorted(set(result['threads'].values()))}"
+          f", torch {torch.__version__}, load average {os.getloadavg()[0]:.1f} (1 min, at the end)")
+    print(f"shape: hidden {cfg.hidden}, layers {cfg.layers}, heads {cfg.heads}/{cfg.kv_heads} kv, ffn {cfg.ffn}, "
+          f"vocab {cfg.vocab}; seq {cfg.seq} x batch {cfg.batch}, MLM mask {cfg.mask_ratio}; "
+          f"{cfg.rounds} rounds x {cfg.steps} steps, warm-up {cfg.warmup}; tokens/s of the fastest round (median round)")
+    ours, ours_med = result["tokens_per_s"]["ours"], result["tokens_per_s_median"]["ours"]
+    ours_cpu = result["tokens_per_cpu_s"]["ours"]
+    print(f"{'column':<14}{'tokens/s':>10}{'(median)':>10}{'ours/this':>11}{'(median)':>10}{'tok/CPU-s':>11}"
+          f"{'ours/this':>11}{'step-1 loss':>13}  rounds (s)")
+    for column in columns:
+        tok, med = result["tokens_per_s"][column], result["tokens_per_s_median"][column]
+        per_cpu = result["tokens_per_cpu_s"][column]
+        rounds = " ".join(f"{s:.2f}" for s in result["round_seconds"][column])
+        print(f"{column:<14}{tok:>10.0f}{med:>10.0f}{ours / tok:>10.2f}x{ours_med / med:>9.2f}x{per_cpu:>11.0f}"
+              f"{ours_cpu / per_cpu:>10.2f}x{result['first_loss'][column]:>13.5f}  {rounds}")
+    spread = max(result["first_loss"].values()) - min(result["first_loss"].values())
+    print(f"step-1 loss spread {spread:.2e} (tolerance {atol}); total {time.perf_counter() - start:.0f} s")
+    if spread > atol:
+        print("FAIL: the columns did not train the same model on the same batch")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
