@@ -1,0 +1,215 @@
+"""Hugging Face EuroBERT or Llama-family model → megatron dist checkpoint at a chosen TP/PP(/VPP) layout.
+
+The result is a run-shaped directory (`OUTPUT/checkpoints/iter_0000000/` + `latest_checkpointed_iteration.txt`)
+that `checkpoint.init_from: OUTPUT` (continued pretraining) and `convert_to_hf` accept. Its `run_config.json` holds
+the model shape (`model`, what init_from checks) and the provenance (`converted_from`); it is not a full
+TrainConfig (there is no data or schedule to record). Writing a TP×PP-sharded checkpoint takes TP×PP processes.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from mlmclm.convert.hf_source import load_source, resolve_source
+from mlmclm.convert.output import check_output, dir_size, staged_output
+from mlmclm.convert.to_hf import TOKENIZER_SUBDIR
+from mlmclm.model.config import ModelConfig
+from mlmclm.parallel.launch import spawn
+from mlmclm.parallel.runtime import ParallelConfig
+from mlmclm.train import checkpoint as ckpt
+
+ITERATION = 0
+
+
+@dataclass
+class ImportConfig:
+    source: str  # local HF model directory (or a hub name, when online)
+    output: Path  # becomes a run-shaped directory holding one checkpoint
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    virtual_pipeline_parallel: int | None = None
+    dtype: str = "fp32"  # parameter dtype saved: "fp32" | "bf16"
+    make_vocab_divisible_by: int = 128
+    force: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        self.output = Path(self.output)
+        if self.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(tensor_parallel=self.tensor_parallel, pipeline_parallel=self.pipeline_parallel,
+                              virtual_pipeline_parallel=self.virtual_pipeline_parallel)
+
+
+@dataclass
+class ImportSummary:
+    source: str
+    output: str
+    checkpoint: str
+    model_type: str
+    num_parameters: int
+    dtype: str
+    layout: dict
+    seconds: float
+    output_bytes: int
+    ignored_tensors: list[str] = field(default_factory=list)
+    tokenizer: str | None = None
+
+    def text(self) -> str:
+        lines = [f"converted {self.source} ({self.model_type})", f"  -> {self.checkpoint}",
+                 f"  parameters: {self.num_parameters:,}  dtype: {self.dtype}  layout: {self.layout}",
+                 f"  tokenizer: {self.tokenizer or 'none found in the source'}",
+                 f"  output size: {self.output_bytes / 2**20:.1f} MiB  time: {self.seconds:.1f} s"]
+        if self.ignored_tensors:
+            lines.append(f"  ignored tensors: {self.ignored_tensors}")
+        return "\n".join(lines)
+
+
+@torch.no_grad()
+def load_streaming(chunks, get_hf, model: ModelConfig, tied: bool, progress: bool) -> int:
+    """Fill this rank's chunks from HF tensors, one full tensor at a time; returns the parameters loaded.
+
+    Driven by the mapping's order (not the chunks'), so each full tensor is built once; HF tensors this rank does
+    not hold are stood in for by meta tensors and never read.
+    """
+    from megatron.core import parallel_state
+    from tqdm import tqdm
+
+    from mlmclm.model.hf_mapping import hf_to_megatron, iter_mappings, shard, split_of
+    from mlmclm.model.weights import named_parameters_global
+
+    params = dict(named_parameters_global(chunks))
+    needed = {h for name, hf_names, _ in iter_mappings(model.num_layers) if name in params for h in hf_names}
+
+    def get(name: str) -> torch.Tensor:
+        # Untie: the LM head starts as a copy of the input embedding.
+        source = "model.embed_tokens.weight" if tied and name == "lm_head.weight" else name
+        if name in needed:
+            return get_hf(source)
+        return torch.empty(get_hf.shape(source), device="meta")
+
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    loaded = 0
+    total = sum(1 for _ in iter_mappings(model.num_layers))
+    stream = hf_to_megatron(get, model, model.padded_vocab_size(tp_size))
+    for name, full in tqdm(stream, total=total, desc="import", unit="tensor", disable=not progress):
+        param = params.pop(name, None)
+        if param is None:
+            continue
+        piece = shard(full, split_of(name), tp_size, tp_rank)
+        if piece.shape != param.shape:
+            raise ValueError(f"{name}: expected a TP slice of shape {tuple(param.shape)}, got {tuple(piece.shape)}")
+        param.copy_(piece.to(param.dtype))
+        loaded += param.numel()
+    if params:
+        raise ValueError(f"parameters not filled from the source: {sorted(params)[:5]}")
+    return loaded
+
+
+class _Getter:
+    """An HF tensor getter that also answers shapes without reading data."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self.weights.get(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.weights.shape(name)
+
+
+def _write_worker(source_dir: str, model_dict: dict, parallel_dict: dict, dtype: str, tied: bool, iter_dir: str,
+                  progress: bool) -> None:
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    from mlmclm.convert.hf_source import HFWeights
+    from mlmclm.model import build_model
+    from mlmclm.model.precision import PrecisionConfig
+    from mlmclm.parallel import destroy_parallel, init_parallel
+
+    parallel = ParallelConfig(**parallel_dict)
+    init_parallel(parallel, seed=0)
+    try:
+        model = ModelConfig.from_dict(model_dict)
+        chunks = build_model(model, parallel, PrecisionConfig(dtype=dtype), causal=False, use_te=False)
+        rank0 = dist.get_rank() == 0
+        load_streaming(chunks, _Getter(HFWeights(Path(source_dir))), model, tied, progress and rank0)
+        # The same sharded state dict training saves (model part), so load_weights/init_from read it at any layout.
+        dist_checkpointing.save(ckpt._model_sharded_state_dict(chunks), iter_dir)
+        dist.barrier()
+    finally:
+        destroy_parallel()
+
+
+def _tokenizer_identity(directory: Path, into: Path) -> tuple[dict | None, str | None]:
+    """Copy the source's tokenizer into the checkpoint, if it has one transformers loads without remote code."""
+    if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None, None
+    from transformers import AutoTokenizer
+
+    from mlmclm.data.tokenizer import tokenizer_identity
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(directory))
+    except Exception:  # a tokenizer we cannot load: the weights are still usable with an explicit tokenizer
+        return None, None
+    tok.save_pretrained(str(into))
+    return tokenizer_identity(tok), tok.__class__.__name__
+
+
+def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
+    start = time.time()
+    check_output(cfg.output, cfg.force)
+    directory = resolve_source(cfg.source)
+    source, weights, ignored = load_source(directory, cfg.make_vocab_divisible_by)
+    model = source.model
+    model.validate_layout(cfg.parallel)
+    world = cfg.tensor_parallel * cfg.pipeline_parallel
+    provenance = {"source": str(cfg.source), "resolved_path": str(directory.absolute()),
+                  "model_type": source.model_type, "tied_embeddings_untied": source.tied_embeddings,
+                  "source_dtype": source.dtype, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "tool": "mlmclm.convert.from_hf"}
+    with staged_output(cfg.output, cfg.force) as staging:
+        root = staging / "checkpoints"
+        iter_dir = ckpt.iteration_dir(root, ITERATION)
+        iter_dir.mkdir(parents=True)
+        spawn(_write_worker, world, str(directory), model.to_dict(), asdict(cfg.parallel), cfg.dtype,
+              source.tied_embeddings, str(iter_dir), cfg.progress)
+        identity, tok_class = _tokenizer_identity(directory, iter_dir / TOKENIZER_SUBDIR)
+        final_tok = cfg.output.absolute() / "checkpoints" / iter_dir.name / TOKENIZER_SUBDIR
+        run_config = {"model": model.to_dict(), "parallel": asdict(cfg.parallel), "precision": {"dtype": cfg.dtype},
+                      "data": {"tokenizer": str(final_tok) if identity else None},
+                      "run_dir": str(cfg.output.absolute()), "converted_from": provenance}
+        train_state = {"iteration": ITERATION, "consumed_tokens": 0, "phase_index": None, "phase_name": None,
+                       "tokenizer": identity, "seq_length": None, "converted_from": provenance,
+                       "layout": {"tp": cfg.tensor_parallel, "pp": cfg.pipeline_parallel, "dp": 1,
+                                  "vpp": cfg.virtual_pipeline_parallel}}
+        (iter_dir / ckpt.RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True))
+        (iter_dir / ckpt.TRAIN_STATE).write_text(json.dumps(train_state, indent=2, sort_keys=True))
+        (root / ckpt.LATEST_FILE).write_text(str(ITERATION))
+        size = dir_size(staging)
+    # Every HF tensor once, plus the LM head (a copy of the embedding when the source tied them).
+    num_params = sum(int(torch.Size(weights.shape(n)).numel()) for n in _hf_names(model))
+    num_params += model.vocab_size * model.hidden_size
+    return ImportSummary(
+        source=str(cfg.source), output=str(cfg.output), checkpoint=str(cfg.output / "checkpoints" / iter_dir.name),
+        model_type=source.model_type, num_parameters=num_params, dtype=cfg.dtype,
+        layout={"tp": cfg.tensor_parallel, "pp": cfg.pipeline_parallel, "vpp": cfg.virtual_pipeline_parallel},
+        seconds=time.time() - start, output_bytes=size, ignored_tensors=ignored,
+        tokenizer=tok_class)
+
+
+def _hf_names(model: ModelConfig) -> list[str]:
+    from mlmclm.model.hf_mapping import iter_mappings
+
+    return [h for _, hs, _ in iter_mappings(model.num_layers) for h in hs if h != "lm_head.weight"]

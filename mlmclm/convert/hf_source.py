@@ -1,0 +1,130 @@
+"""Read a Hugging Face model directory safely: config via transformers (no remote code), tensors lazily via
+safetensors (or `torch.load(weights_only=True)` for legacy .bin files), one tensor at a time."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from mlmclm.convert.hf_config import SourceModel, UnsupportedModelError, model_config_from_hf
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old Llama checkpoints saved; recomputed anyway
+
+
+class SourceError(ValueError):
+    pass
+
+
+def resolve_source(source: str) -> Path:
+    """A local directory as is; otherwise a hub name, downloaded (config, tokenizer, weights) when online."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if path.exists() or source.startswith((".", "/")) or source.count("/") != 1:
+        raise SourceError(f"{source}: not a model directory (and not a hub name like 'org/model')")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors", "tokenizer*",
+                                                              "*.model", "*.txt"]))
+    except Exception as err:
+        raise SourceError(f"{source}: no such local directory, and downloading it from the hub failed: "
+                          f"{type(err).__name__}: {err}") from err
+
+
+class HFWeights:
+    """Tensors of an HF checkpoint by name; names of a headless base model get the `model.` prefix."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._files: dict[str, Path] = {}
+        if (self.directory / "model.safetensors.index.json").exists():
+            index = json.loads((self.directory / "model.safetensors.index.json").read_text())
+            self._files = {k: self.directory / v for k, v in index["weight_map"].items()}
+        elif (self.directory / "model.safetensors").exists():
+            from safetensors import safe_open
+
+            with safe_open(str(self.directory / "model.safetensors"), framework="pt") as f:
+                self._files = {k: self.directory / "model.safetensors" for k in f.keys()}
+        elif (self.directory / "pytorch_model.bin").exists():
+            self._files = {k: self.directory / "pytorch_model.bin" for k in self._bin(self.directory /
+                                                                                       "pytorch_model.bin")}
+        else:
+            raise SourceError(f"{self.directory}: no model.safetensors(.index.json) or pytorch_model.bin")
+        missing = {p for p in self._files.values() if not p.exists()}
+        if missing:
+            raise SourceError(f"{self.directory}: weight files listed in the index are missing: "
+                              f"{sorted(p.name for p in missing)}")
+        if "model.embed_tokens.weight" not in self._files and "embed_tokens.weight" in self._files:
+            self._files = {f"model.{k}": v for k, v in self._files.items()}
+        self._bins: dict[Path, dict] = {}
+
+    @staticmethod
+    def _bin(path: Path) -> dict:
+        # weights_only: plain tensors only, never arbitrary pickled objects; mmap: no full read into memory.
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+    def names(self) -> list[str]:
+        return list(self._files)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._files:
+            raise SourceError(f"{self.directory}: tensor {name!r} is missing")
+        path = self._files[name]
+        if path.suffix == ".bin":
+            state = self._bins.setdefault(path, self._bin(path))
+            return state[name if name in state else name.removeprefix("model.")]
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            raw = name if name in f.keys() else name.removeprefix("model.")
+            return f.get_tensor(raw)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        path = self._files[name]
+        if path.suffix == ".bin":
+            return tuple(self.get(name).shape)
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            raw = name if name in f.keys() else name.removeprefix("model.")
+            return tuple(f.get_slice(raw).get_shape())
+
+
+def load_source(directory: Path, make_vocab_divisible_by: int = 128) -> tuple[SourceModel, HFWeights, list[str]]:
+    """The source's model config and weights, checked; also the tensor names that will be ignored."""
+    from transformers import AutoConfig
+
+    if not (directory / "config.json").exists():
+        raise SourceError(f"{directory}: no config.json (not a Hugging Face model directory)")
+    try:
+        hf_config = AutoConfig.from_pretrained(str(directory))  # never trust_remote_code
+    except Exception as err:
+        raise SourceError(f"{directory}/config.json cannot be read by transformers without remote code: "
+                          f"{type(err).__name__}: {err}") from err
+    source = model_config_from_hf(hf_config, directory.name, make_vocab_divisible_by)
+    weights = HFWeights(directory)
+    biases = [n for n in weights.names() if n.endswith(".bias")]
+    if biases:
+        raise UnsupportedModelError(f"{directory}: attention/MLP biases are not supported (our blocks have no linear "
+                                    f"biases); found {len(biases)} bias tensors, e.g. {biases[0]}")
+    from mlmclm.model.hf_mapping import iter_mappings
+
+    wanted = {h for _, hs, _ in iter_mappings(source.model.num_layers) for h in hs}
+    if source.tied_embeddings:
+        wanted.discard("lm_head.weight")
+    missing = sorted(wanted - set(weights.names()))
+    if missing:
+        hint = " (a base model without an LM head?)" if missing == ["lm_head.weight"] else ""
+        raise SourceError(f"{directory}: {len(missing)} tensors are missing, e.g. {missing[:3]}{hint}")
+    rows = weights.shape("model.embed_tokens.weight")[0]
+    if rows != source.model.vocab_size:
+        raise SourceError(f"{directory}: embed_tokens has {rows} rows but config vocab_size is "
+                          f"{source.model.vocab_size}")
+    ignored = sorted(n for n in set(weights.names()) - wanted - {"lm_head.weight"}
+                     if not n.endswith(_IGNORED_SUFFIXES))
+    return source, weights, ignored
