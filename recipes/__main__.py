@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except launch.TaskFailedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"experiment directory: {exp._exp_dir}")
     return 0
 

@@ -158,7 +158,17 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
             exp.dryrun(log=True, delete_exp_dir=False)
         else:
             exp.run(detach=detach, tail_logs=False)
+    if not dryrun and not detach:
+        failed = {name: str(info["status"]) for name, info in exp.status(return_dict=True).items()
+                  if str(info["status"]) != "SUCCEEDED"}
+        if failed:
+            raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed: {failed}; logs under "
+                                  f"{exp._exp_dir}")
     return exp
+
+
+class TaskFailedError(RuntimeError):
+    pass
 
 
 def prepare_local_data(names: list[str], partials: list[run.Partial]) -> None:

@@ -53,11 +53,11 @@ def tiny_mlm(steps: int = 20, mask_ratio: float = 0.4, processes: int = 2, data_
                  warmup_steps=max(1, steps // 10), decay_steps=max(1, steps // 5), init_from=init_from)
 
 
-def prepare_tiny_data(data_path: str = TINY_DATA_PATH) -> Path:
+def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MAX_TOKENS) -> Path:
     """The embedded demo corpus, packed for the tiny recipes; reused when a manifest is already there."""
     from mlmclm.data.prepare import prepare_embedded_corpus
 
     path = Path(data_path)
     if not (path / "manifest.json").exists():
-        prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=TINY_MAX_TOKENS, progress=False)
+        prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=max_tokens, progress=False)
     return path

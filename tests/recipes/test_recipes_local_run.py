@@ -1,0 +1,30 @@
+"""`tiny_clm_mlm` through NeMo-Run's LocalExecutor: 2 torchrun CPU processes, checkpoint and TensorBoard logs."""
+import json
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from recipes import launch
+
+
+def test_tiny_clm_mlm_runs_with_the_local_executor(nemo_home, tmp_path, tiny_data):
+    run_dir = tmp_path / "run"
+    partial, _ = launch.build("tiny_clm_mlm", ["steps=6", f"run_dir={run_dir}", f"data_path={tiny_data}"])
+    launch.launch([("tiny_clm_mlm", partial)], "local", {"gpus": False})
+
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+    final = checkpoints / "iter_0000006"
+    assert (final / "metadata.json").exists()
+    state = json.loads((final / "train_state.json").read_text())
+    assert (state["iteration"], state["phase_name"]) == (6, "mlm")
+    assert (checkpoints / "iter_0000002").exists()  # the CLM phase's end (25 % of 6 steps, rounded)
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/clm/loss", "train/mlm/loss", "train/lr"} <= tags
+    assert [e.step for e in events.Scalars("train/clm/loss")] == [1, 2]
+    assert [e.step for e in events.Scalars("train/mlm/loss")] == [3, 4, 5, 6]
+    # NeMo-Run kept the torchrun logs of both ranks.
+    assert len({p.parent.name for p in Path(nemo_home).rglob("attempt_0/*/stderr.log")}) == 2

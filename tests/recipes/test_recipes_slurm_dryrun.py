@@ -1,0 +1,52 @@
+"""Slurm dry run of the 4-node 610m biphasic recipe: the sbatch script NeMo-Run would submit."""
+from pathlib import Path
+
+import fiddle as fdl
+from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
+
+from cluster.executors import DEFAULT_IMAGE
+from recipes.__main__ import main
+
+
+def test_slurm_dryrun_writes_the_sbatch_script(nemo_home, tmp_path, capsys):
+    rc = main(["clm_mlm_610m", "nodes=4", "clm_share=0.5", "total_steps=22000", "--executor", "slurm",
+               "executor.account=acct", "executor.partition=h100", f"executor.job_dir={tmp_path / 'jobs'}",
+               "executor.data_dir=/lustre/fineweb", "executor.checkpoint_dir=/lustre/ckpt", "--dryrun"])
+    assert rc == 0
+    (script,) = Path(nemo_home).rglob("clm_mlm_610m_sbatch.sh")
+    text = script.read_text()
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --account=acct", "#SBATCH --partition=h100", "#SBATCH --exclusive",
+                 "#SBATCH --signal=USR1@120", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+                 "export TORCHX_MAX_RETRIES=3"):
+        assert line in text.splitlines(), line
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert f"--container-image {DEFAULT_IMAGE}" in srun
+    assert "/lustre/fineweb:/data,/lustre/ckpt:/checkpoints" in srun
+    assert ("torchrun --rdzv-backend c10d --rdzv-endpoint $head_node_ip:29500" in srun
+            and "--nnodes 4 --nproc-per-node 8 --node-rank $SLURM_NODEID" in srun)
+    assert srun.endswith("-m nemo_run.core.runners.fdl_runner -n clm_mlm_610m "
+                         "/nemo_run/configs/clm_mlm_610m_fn_or_script")
+    # The task the script runs: the serialised recipe, as built with the overrides.
+    (serialised,) = Path(nemo_home).rglob("configs/clm_mlm_610m_fn_or_script")
+    partial = ZlibJSONSerializer().deserialize(serialised.read_text())
+    cfg = fdl.build(partial.config)
+    assert (partial.nodes, partial.gpus_per_node) == (4, 8)
+    assert cfg.model.name == "eurobert-610m" and [p.objective.kind for p in cfg.phases] == ["clm", "mlm"]
+    assert cfg.phase_steps() == [11_000, 11_000] and (cfg.micro_batch_size, cfg.num_microbatches(32)) == (12, 6)
+    assert cfg.run_dir.startswith("/checkpoints/") and cfg.data.path.startswith("/data/")
+    assert "experiment directory" in capsys.readouterr().out
+
+
+def test_slurm_dryrun_of_a_chain_adds_the_dependent_task(nemo_home, tmp_path):
+    rc = main(["clm_610m", "nodes=4", "total_steps=31500", "--then", "cpt_610m", "then.steps=10500",
+               "then.nodes=2", "--executor", "slurm", "executor.account=acct",
+               f"executor.job_dir={tmp_path / 'jobs'}", "--dryrun"])
+    assert rc == 0
+    scripts = {p.name: p.read_text() for p in Path(nemo_home).rglob("*_sbatch.sh")}
+    assert set(scripts) == {"clm_610m_sbatch.sh", "cpt_610m_sbatch.sh"}
+    assert "#SBATCH --nodes=4" in scripts["clm_610m_sbatch.sh"]
+    assert "#SBATCH --nodes=2" in scripts["cpt_610m_sbatch.sh"]
+    (serialised,) = Path(nemo_home).rglob("configs/cpt_610m_fn_or_script")
+    cpt = fdl.build(ZlibJSONSerializer().deserialize(serialised.read_text()).config)
+    assert cpt.checkpoint.init_from == "/checkpoints/mlmclm/clm_610m-31k"
