@@ -1,7 +1,7 @@
 """`python -m recipes`: list, dry-run or launch the registered NeMo-Run recipes.
 
     python -m recipes --list                     # names and summaries
-    python -m recipes --list-markdown            # the table in recipes/README.md
+    python -m recipes --list-markdown            # the table in recipes/README.md (--update-readme rewrites it)
     python -m recipes tiny_clm_mlm               # CPU: 2 torchrun processes through NeMo-Run's LocalExecutor
     python -m recipes clm_mlm_610m nodes=4 clm_share=0.5 total_steps=22000 --executor slurm --dryrun
     python -m recipes clm_610m total_steps=31500 --then cpt_610m then.steps=10500 --executor slurm
@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--name", help="experiment title (default: the recipe name)")
     parser.add_argument("--list", action="store_true", help="list the registered recipes")
     parser.add_argument("--list-markdown", action="store_true", help="print the recipe table (Markdown)")
+    parser.add_argument("--update-readme", action="store_true", help="rewrite the table in recipes/README.md")
     return parser, parser.parse_intermixed_args(argv)
 
 
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     from recipes import launch, registry
     from cluster.executors import settings
 
+    if args.update_readme:
+        path = registry.write_readme_table()
+        print(f"updated {path}")
+        return 0
     if args.list_markdown:
         print(registry.markdown_table(), end="")
         return 0

@@ -3,6 +3,7 @@ for `pretrain_entry`, and the Markdown table of them that `python -m recipes --l
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -127,3 +128,23 @@ def markdown_table() -> str:
             f"{partial.nodes} × {partial.gpus_per_node} | {cfg.micro_batch_size} × {accum} × {dp} | "
             f"{cfg.global_batch_size * recipe.seq_length:,} | {grid} | {params} |")
     return "\n".join(lines) + "\n"
+
+
+README = Path(__file__).with_name("README.md")
+TABLE_START, TABLE_END = "<!-- recipe-table:start (python -m recipes --update-readme) -->", "<!-- recipe-table:end -->"
+
+
+def readme_table(text: str) -> str:
+    """The generated part of a README: what lies between the two markers."""
+    if TABLE_START not in text or TABLE_END not in text:
+        raise ValueError(f"{README} lacks the table markers {TABLE_START!r} ... {TABLE_END!r}")
+    return text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip("\n") + "\n"
+
+
+def write_readme_table(path: Path = README) -> Path:
+    text = path.read_text()
+    readme_table(text)  # markers present
+    head, rest = text.split(TABLE_START, 1)
+    tail = rest.split(TABLE_END, 1)[1]
+    path.write_text(f"{head}{TABLE_START}\n{markdown_table()}{TABLE_END}{tail}")
+    return path

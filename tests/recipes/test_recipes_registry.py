@@ -1,6 +1,4 @@
 """Every registered recipe builds, validates, serialises; batch sizing; generated table is current."""
-from pathlib import Path
-
 import fiddle as fdl
 import nemo_run as run
 import pytest
@@ -10,7 +8,7 @@ from recipes import registry
 from recipes.base import PAPER_GLOBAL_BATCH, micro_batch_for, validate, world_size
 from recipes.entry import pretrain_entry
 
-README = Path(__file__).resolve().parents[2] / "recipes" / "README.md"
+README = registry.README
 
 
 @pytest.mark.parametrize("name", sorted(registry.RECIPES))
@@ -87,6 +85,14 @@ def test_paper_defaults_reach_the_config():
 
 
 def test_readme_table_is_generated_from_the_registry():
-    text = README.read_text()
-    assert registry.markdown_table() in text, (
-        "recipes/README.md is stale: regenerate the table with `python -m recipes --list-markdown`")
+    assert registry.readme_table(README.read_text()) == registry.markdown_table(), (
+        "recipes/README.md is stale: regenerate its table with `python -m recipes --update-readme`")
+
+
+def test_readme_writer_replaces_only_the_table(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{registry.TABLE_START}\n| old |\n{registry.TABLE_END}\noutro\n")
+    registry.write_readme_table(readme)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "| old |" not in text
+    assert registry.readme_table(text) == registry.markdown_table()
