@@ -101,5 +101,9 @@ class DistCheckpointReader:
             raise CheckpointReadError(f"{self.path}: saved chunks of {key} cover {covered} of "
                                       f"{torch.Size(size).numel()} elements (torn or partial checkpoint)")
         target = torch.empty(size, dtype=md.properties.dtype)
-        self._reader.read_data(LoadPlan(items), _IntoBuffer(target)).wait()
+        try:
+            self._reader.read_data(LoadPlan(items), _IntoBuffer(target)).wait()
+        except Exception as err:  # truncated or garbled data file
+            raise CheckpointReadError(f"{self.path}: cannot read {name} ({key}): {type(err).__name__}: {err} "
+                                      f"(torn or corrupted checkpoint)") from err
         return target[0] if layer is not None else target

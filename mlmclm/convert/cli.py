@@ -1,0 +1,33 @@
+"""Shared command-line plumbing: user errors become one `error:` line and exit status 2."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import warnings
+from typing import Callable
+
+from mlmclm.convert.dist_reader import CheckpointReadError
+from mlmclm.convert.hf_config import UnsupportedModelError
+from mlmclm.convert.hf_source import SourceError
+from mlmclm.convert.output import OutputExistsError
+from mlmclm.convert.to_hf import VerificationError
+from mlmclm.train.checkpoint import CheckpointError
+
+USER_ERRORS = (CheckpointError, CheckpointReadError, UnsupportedModelError, SourceError, OutputExistsError,
+               VerificationError, ValueError, FileNotFoundError, NotADirectoryError, json.JSONDecodeError)
+
+
+def run_cli(main: Callable[[], str]) -> int:
+    """Run `main` (returns the summary text); print it, or the error that stopped it, and return the status."""
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        print(main())
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the output directory was not written", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,44 @@
+"""Export a training checkpoint as a Hugging Face EuroBERT model directory (no remote code needed to load it).
+
+  python tools/convert_to_hf.py runs/clm out/clm_hf                  # latest checkpoint of a run
+  python tools/convert_to_hf.py runs/clm/checkpoints/iter_0001000 out/hf --dtype bf16 --verify
+The model shape, phases and tokenizer come from the checkpoint; any TP/PP/VPP/DP layout is read.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", type=Path, help="run directory (latest checkpoint), checkpoints/ or iter_* dir")
+    p.add_argument("output", type=Path, help="HF model directory to create")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weight dtype written (default fp32)")
+    p.add_argument("--verify", action="store_true",
+                   help="compare HF and megatron logits on CPU (bidirectional) before publishing the output")
+    p.add_argument("--tolerance", type=float, default=None, help="max abs logit difference --verify accepts")
+    p.add_argument("--tokenizer", help="override the run's tokenizer (local dir, hub name or 'embedded')")
+    p.add_argument("--max-shard-gb", type=float, default=5.0, help="safetensors shard size (default 5 GB)")
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from mlmclm.convert.cli import run_cli
+    from mlmclm.convert.to_hf import ExportConfig, convert_to_hf
+
+    args = parse_args(argv)
+
+    def work() -> str:
+        extra = {} if args.tolerance is None else {"tolerance": args.tolerance}
+        cfg = ExportConfig(args.checkpoint, args.output, dtype=args.dtype, force=args.force, verify=args.verify,
+                           tokenizer=args.tokenizer, max_shard_bytes=int(args.max_shard_gb * 2**30), **extra)
+        return convert_to_hf(cfg).text()
+
+    return run_cli(work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
