@@ -6,12 +6,20 @@ The global sample stream depends only on (seed, data): epoch e visits the shards
 So the samples and their order are the same for any DP size, TP/PP layout or micro-batch size with the same
 global batch size G. `sample_ids` are stream positions (unique across epochs): MLM masking keys on them.
 
-Each rank reads the shards its slices fall in (a shard is read whole, then kept while it is in use; the next one
-is prefetched on a thread). Resuming jumps straight to the saved position using the manifest's counts.
+Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts) on its
+first read, then kept decoded (tokens int32, document ids int16/int32) in a cache bounded by
+`LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are always kept, others are dropped
+least recently used first; a dropped shard is read and validated again when next needed. With the whole dataset
+in the cache, later epochs read no files. The next shard of the epoch is prefetched on a thread. A micro-batch
+costs one gather + int64 conversion per tensor into a fresh array (the caller owns what it gets: nothing it
+receives aliases the cache or an earlier batch). Resuming jumps straight to the saved position using the
+manifest's counts.
 """
 from __future__ import annotations
 
+import bisect
 import logging
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,7 +27,7 @@ import numpy as np
 import torch
 
 from mlmclm.data.manifest import Manifest
-from mlmclm.data.shards import ShardError, read_shard
+from mlmclm.data.shards import ShardError, document_ids, read_shard_starts
 from mlmclm.data.tokenizer import check_same_tokenizer
 
 log = logging.getLogger(__name__)
@@ -34,12 +42,17 @@ class LoaderConfig:
     seed: int = 1234
     skip_corrupt: bool = False  # skip (with a warning, counted) instead of raising on a corrupt shard
     prefetch: bool = True
+    # Decoded shards kept in memory (6 bytes per token for S <= 32768). The shards in use and the prefetched one
+    # are kept even past the bound; 0 keeps only those (each shard is then re-read every epoch).
+    cache_bytes: int = 1 << 30
 
     def __post_init__(self):
         if self.global_batch_size < 1 or self.micro_batch_size < 1:
             raise ValueError("global_batch_size and micro_batch_size must be positive")
         if self.seed < 0:
             raise ValueError(f"seed must be non-negative, got {self.seed}")
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be non-negative, got {self.cache_bytes}")
 
 
 class PackedLoader:
@@ -62,7 +75,11 @@ class PackedLoader:
         self._epoch_start = 0             # stream position where the current epoch began
         self._skipped: set[str] = set()   # corrupt shards skipped (skip_corrupt=True)
         self._order_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._loaded: dict[int, Future] = {}  # shard index -> future (tokens, document_ids, row order)
+        self._order_lists_cache: tuple = (None, None)
+        # shard index -> future of (tokens int32 [n, S], document ids int16/int32 [n, S]), least recently used first
+        self._cache: OrderedDict[int, Future] = OrderedDict()
+        self._cache_sizes: dict[int, int] = {}   # bytes of the cached shards that have been used (so are done)
+        self._rows_cache: dict[tuple[int, int], np.ndarray] = {}  # (epoch, shard) -> row order
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch") if cfg.prefetch else None
 
     # --- the stream --------------------------------------------------------------------------------------
@@ -78,45 +95,81 @@ class PackedLoader:
             self._order_cache = {epoch: (order, np.cumsum(counts))}
         return self._order_cache[epoch]
 
-    def _read(self, shard: int, epoch: int):
-        info = self.manifest.shards[shard]
-        tokens, document_ids = read_shard(self.manifest.shard_url(info.name), info, self.manifest.seq_length,
-                                          self._pad_id)
-        rows = np.random.default_rng([self.cfg.seed, epoch, shard]).permutation(info.num_samples)
-        # Converted once per shard here (on the prefetch thread), so a batch costs one gather per tensor.
-        # (numpy, not torch, for the gathers: torch's CPU allocator pays page faults on every fresh batch.)
-        return tokens.astype(np.int64), document_ids, rows
+    def _order_lists(self, epoch: int) -> tuple[list[int], list[int]]:
+        """`_order(epoch)` as Python lists (cheaper to index per batch than numpy scalars)."""
+        order, ends = self._order(epoch)
+        if self._order_lists_cache[0] is not order:
+            self._order_lists_cache = (order, (order.tolist(), ends.tolist()))
+        return self._order_lists_cache[1]
 
-    def _submit(self, shard: int, epoch: int) -> Future:
-        key = (epoch, shard)
-        if key not in self._loaded:
+    def _read(self, shard: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read, validate and decode one shard (on the prefetch thread when prefetching). `epoch` is unused: the
+        decoded shard is the same in every epoch."""
+        info = self.manifest.shards[shard]
+        seq_length = self.manifest.seq_length
+        tokens, starts = read_shard_starts(self.manifest.shard_url(info.name), info, seq_length, self._pad_id)
+        if tokens.base is not None:   # a view of the file's mapping or buffer: own the data while it is cached
+            tokens = tokens.copy()
+        # A row holds at most S documents: int16 is exact up to S = 32768 (a quarter of int64's memory).
+        dtype = np.int16 if seq_length <= 1 << 15 else np.int32
+        return tokens, document_ids(starts, len(tokens), seq_length, dtype)
+
+    def _submit(self, shard: int, epoch: int) -> Future | tuple:
+        """The cache entry of `shard` (a future while it is read; its result once used), made most recent."""
+        if shard not in self._cache:
             if self._pool is not None:
-                self._loaded[key] = self._pool.submit(self._read, shard, epoch)
+                self._cache[shard] = self._pool.submit(self._read, shard, epoch)
             else:
                 future = Future()
                 try:
                     future.set_result(self._read(shard, epoch))
                 except Exception as err:  # delivered by .result(), like the pool does
                     future.set_exception(err)
-                self._loaded[key] = future
-        return self._loaded[key]
+                self._cache[shard] = future
+        self._cache.move_to_end(shard)
+        return self._cache[shard]
 
-    def _shard(self, k: int, epoch: int):
-        """The k-th shard of `epoch`'s order, loaded; drops older shards and prefetches the next one."""
-        order, _ = self._order(epoch)
-        current = (epoch, int(order[k]))
-        nxt = (epoch, int(order[k + 1])) if k + 1 < len(order) else None
-        future = self._submit(current[1], epoch)
-        self._loaded = {key: f for key, f in self._loaded.items() if key in (current, nxt)}
-        if nxt is not None and self._pool is not None:
-            self._submit(nxt[1], epoch)
-        return future.result()
+    def _rows(self, shard: int, epoch: int) -> np.ndarray:
+        key = (epoch, shard)
+        if key not in self._rows_cache:
+            if len(self._rows_cache) >= 4:   # only the shards in use are asked for
+                self._rows_cache.clear()
+            n = self.manifest.shards[shard].num_samples
+            self._rows_cache[key] = np.random.default_rng([self.cfg.seed, epoch, shard]).permutation(n)
+        return self._rows_cache[key]
 
-    def _walk(self, n: int, collect: bool) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Advance the stream by n samples; with `collect`, return them as (tokens, document_ids, sample_ids)."""
-        pieces = []
+    def _shard(self, k: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The k-th shard of `epoch`'s order: (tokens, document ids, row order); prefetches the next one and keeps
+        the cache within its bound."""
+        order, _ = self._order_lists(epoch)
+        current = order[k]
+        nxt = order[k + 1] if k + 1 < len(order) else None
+        if self._pool is not None and nxt is not None and nxt not in self._cache:
+            self._submit(current, epoch)          # the current one first in the pool's queue
+            self._submit(nxt, epoch)
+        entry = self._submit(current, epoch)      # the most recently used
+        if isinstance(entry, Future):
+            entry = entry.result()                # raises the read's error (the failed future stays cached)
+            self._cache[current] = entry
+            self._cache_sizes[current] = entry[0].nbytes + entry[1].nbytes
+            self._evict(keep=(current, nxt))
+        return entry[0], entry[1], self._rows(current, epoch)
+
+    def _evict(self, keep: tuple) -> None:
+        """Drop least recently used shards until the used ones fit in cfg.cache_bytes (never those in `keep`)."""
+        total = sum(self._cache_sizes.values())
+        for shard in list(self._cache):
+            if total <= self.cfg.cache_bytes:
+                break
+            if shard not in keep and shard in self._cache_sizes:
+                total -= self._cache_sizes.pop(shard)
+                del self._cache[shard]
+
+    def _walk(self, n: int, out: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Advance the stream by n samples; with `out` (tokens, document ids, both [n, S] int64), write them there."""
+        filled = 0
         while n > 0:
-            order, ends = self._order(self.epoch)
+            order, ends = self._order_lists(self.epoch)
             pos = self.consumed_samples - self._epoch_start
             if pos >= ends[-1]:
                 log.info("data: epoch %d done (%d samples per epoch, %d consumed in all); starting epoch %d",
@@ -124,24 +177,24 @@ class PackedLoader:
                 self.epoch += 1
                 self._epoch_start = self.consumed_samples
                 continue
-            k = int(np.searchsorted(ends, pos, side="right"))
+            k = bisect.bisect_right(ends, pos)
             row = pos - (ends[k - 1] if k else 0)
-            take = int(min(n, ends[k] - pos))
-            if collect or self.cfg.skip_corrupt:  # with skipping, every rank must see the same corrupt shards
+            take = min(n, ends[k] - pos)
+            if out is not None or self.cfg.skip_corrupt:  # with skipping, every rank must see the same corrupt shards
                 try:
-                    tokens, document_ids, rows = self._shard(k, self.epoch)
+                    tokens, docs, rows = self._shard(k, self.epoch)
                 except ShardError as err:
                     if not self.cfg.skip_corrupt:
                         raise
-                    self._skip_shard(int(order[k]), err)
+                    self._skip_shard(order[k], err)
                     continue
-                if collect:
+                if out is not None:
                     idx = rows[row:row + take]
-                    ids = np.arange(self.consumed_samples, self.consumed_samples + take, dtype=np.int64)
-                    pieces.append((tokens[idx], document_ids[idx], ids))
+                    out[0][filled:filled + take] = tokens[idx]   # one gather, converted to int64 on the way
+                    out[1][filled:filled + take] = docs[idx]
+                    filled += take
             self.consumed_samples += take
             n -= take
-        return pieces
 
     def _skip_shard(self, shard: int, err: Exception) -> None:
         name = self.manifest.shards[shard].name
@@ -158,12 +211,16 @@ class PackedLoader:
     def next_global_batch(self) -> list[dict]:
         """This DP rank's micro-batches of the next global batch."""
         per_rank = self.cfg.global_batch_size // self.dp_size
-        self._walk(self.dp_rank * per_rank, collect=False)
-        pieces = self._walk(per_rank, collect=True)
-        self._walk((self.dp_size - self.dp_rank - 1) * per_rank, collect=False)
-        tokens, document_ids, sample_ids = (torch.from_numpy(p[0] if len(p) == 1 else np.concatenate(p))
-                                            for p in zip(*pieces))
+        self._walk(self.dp_rank * per_rank)
+        shape = (per_rank, self.manifest.seq_length)
+        tokens, document_ids = np.empty(shape, np.int64), np.empty(shape, np.int64)
+        sample_ids = np.arange(self.consumed_samples, self.consumed_samples + per_rank, dtype=np.int64)
+        self._walk(per_rank, (tokens, document_ids))
+        self._walk((self.dp_size - self.dp_rank - 1) * per_rank)
+        tokens, document_ids, sample_ids = map(torch.from_numpy, (tokens, document_ids, sample_ids))
         mb = self.cfg.micro_batch_size
+        if mb == per_rank:
+            return [{"tokens": tokens, "sample_ids": sample_ids, "document_ids": document_ids}]
         return [
             {"tokens": tokens[i:i + mb], "sample_ids": sample_ids[i:i + mb], "document_ids": document_ids[i:i + mb]}
             for i in range(0, per_rank, mb)
@@ -198,8 +255,12 @@ class PackedLoader:
             epoch_start = epoch * self.manifest.num_samples
         self.consumed_samples, self.epoch, self._epoch_start, self._skipped = consumed, epoch, epoch_start, skipped
         self._order_cache.clear()
-        self._loaded.clear()
+        for shard in [s for s, f in self._cache.items()
+                      if isinstance(f, Future) and f.done() and f.exception() is not None]:
+            del self._cache[shard]   # read failures are retried; validated shards stay cached
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        self._cache.clear()
+        self._cache_sizes.clear()

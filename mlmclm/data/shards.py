@@ -60,6 +60,14 @@ def _open(url: str):
 def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a shard: tokens [n, S] int32 and document ids [n, S] int64 (index of the document inside its
     row; 0 for the document the row starts in). Validated against the manifest; raises ShardError naming it."""
+    tokens, starts = read_shard_starts(url, info, seq_length, pad_id)
+    return tokens, document_ids(starts, *tokens.shape)
+
+
+def read_shard_starts(url: str, info: ShardInfo, seq_length: int,
+                      pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Like `read_shard`, but returns the flat document starts (int64, as stored) instead of document ids, and
+    tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way."""
     try:
         tokens, starts = _read_blocks(url, seq_length)
     except ShardError:
@@ -77,15 +85,16 @@ def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None) -
             problems.append(f"{real} tokens, manifest says {info.num_tokens}")
     if problems:
         raise ShardError(f"shard {url}: " + "; ".join(problems))
-    return tokens, document_ids(starts, *tokens.shape)
+    return tokens, starts
 
 
-def document_ids(starts: np.ndarray, rows: int, seq_length: int) -> np.ndarray:
-    """[rows, S] int64: per row, 0 for the document the row starts in, +1 at each flat position in `starts`."""
+def document_ids(starts: np.ndarray, rows: int, seq_length: int, dtype=np.int64) -> np.ndarray:
+    """[rows, S] `dtype`: per row, 0 for the document the row starts in, +1 at each flat position in `starts`.
+    (A row holds at most S documents, so int16 is exact for S <= 32768.)"""
     bounds = np.union1d(np.arange(0, rows * seq_length, seq_length), starts)   # sorted segment starts
     lengths = np.diff(np.append(bounds, rows * seq_length))
     first_of_row = np.searchsorted(bounds, bounds - bounds % seq_length)
-    return np.repeat(np.arange(len(bounds)) - first_of_row, lengths).reshape(rows, seq_length)
+    return np.repeat((np.arange(len(bounds)) - first_of_row).astype(dtype), lengths).reshape(rows, seq_length)
 
 
 def _npy_view(data: bytes, offset: int, size: int, what: str) -> np.ndarray:

@@ -170,3 +170,75 @@ def test_rows_are_shuffled_within_and_across_shards(dataset):
     first = np.asarray(tokens[:2])
     assert not np.array_equal(first[0, :5], first[1, :5])
     assert m.num_samples > 64
+
+
+def test_cache_bound_and_prefetch_do_not_change_the_stream(dataset):
+    n = Manifest.load(dataset).num_samples
+    steps = (2 * n) // 64 + 1                              # into a third epoch
+    ref, _ = stream(dataset, steps, 64, 16, 1)
+    for kw in ({"cache_bytes": 0}, {"cache_bytes": 0, "prefetch": False}, {"cache_bytes": 40_000},
+               {"prefetch": False}):
+        for dp in (1, 2):
+            tokens, _ = stream(dataset, steps, 64, 16, dp, **kw)
+            assert torch.equal(tokens, ref), (kw, dp)
+    with pytest.raises(ValueError, match="cache_bytes"):
+        LoaderConfig(str(dataset), 16, 16, cache_bytes=-1)
+
+
+def _counting_reads(loader):
+    reads = []
+    original = loader._read
+    loader._read = lambda shard, epoch: reads.append(shard) or original(shard, epoch)
+    return reads
+
+
+def test_shards_are_read_once_when_they_fit_and_again_when_not(dataset):
+    m = Manifest.load(dataset)
+    epochs = 3
+    steps = epochs * m.num_samples // 64
+    cached = PackedLoader(LoaderConfig(str(dataset), 64, 64, prefetch=False))
+    reads = _counting_reads(cached)
+    for _ in range(steps):
+        cached.next_global_batch()
+    assert sorted(reads) == list(range(len(m.shards)))      # every shard decoded and validated once
+    streaming = PackedLoader(LoaderConfig(str(dataset), 64, 64, prefetch=False, cache_bytes=0))
+    reads = _counting_reads(streaming)
+    for _ in range(steps):
+        streaming.next_global_batch()
+    assert len(reads) >= (epochs - 1) * len(m.shards)        # bounded: re-read (and re-validated) each epoch
+    assert len(streaming._cache) <= 2
+
+
+def test_batches_are_fresh_arrays(dataset):
+    """Mutating a delivered batch (e.g. masking in place) must not change later batches or epochs."""
+    n = Manifest.load(dataset).num_samples
+    steps = n // 16 + 1
+    ref, _ = stream(dataset, 2 * steps, 16, 16, 1)
+    loader = PackedLoader(LoaderConfig(str(dataset), 16, 16))
+    got = []
+    for _ in range(2 * steps):
+        mb = loader.next_global_batch()[0]
+        got.append(mb["tokens"].clone())
+        mb["tokens"].fill_(-1)
+        mb["document_ids"].fill_(-1)
+    assert torch.equal(torch.cat(got), ref)
+
+
+def test_corrupt_shard_found_on_first_read_with_cache(dataset, tmp_path):
+    """The cache keeps validated shards only: corruption is reported when a shard is first read, also when it is
+    not the first shard of the epoch."""
+    out, m = _copy(dataset, tmp_path)
+    loader = PackedLoader(LoaderConfig(str(out), 16, 16))
+    order, ends = loader._order(0)
+    name = m.shards[order[1]].name                          # the second shard of epoch 0
+    path = out / name
+    with tarfile.open(path) as tar:
+        offset = next(t.offset_data for t in tar.getmembers() if t.name.endswith("tokens.npy"))
+    data = bytearray(path.read_bytes())
+    data[offset + 128 + 40] ^= 0x5A
+    path.write_bytes(bytes(data))
+    for _ in range(int(ends[0]) // 16):                      # the first shard: fine
+        loader.next_global_batch()
+    with pytest.raises(ShardError, match=f"{name}.*checksum"):
+        for _ in range(int(ends[1] - ends[0]) // 16 + 1):
+            loader.next_global_batch()
