@@ -267,7 +267,10 @@ def run_with_oom_fallback(trainer: Trainer, row: RunRow, cfg: CheckConfig, peak:
         try:
             time_run(trainer, row, cfg, peak)
             return
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            # Some kernels (cuBLAS, TE) report allocation failures as a plain RuntimeError.
+            if not isinstance(err, torch.OutOfMemoryError) and "out of memory" not in str(err).lower():
+                raise
             free_memory()
             if row.micro_batch == 1:
                 raise
