@@ -70,7 +70,8 @@ class CheckConfig:
     agreement_micro_batch: int = 4
     agreement_steps: int = 8
     agreement_rtol: float = 0.01  # |bf16 - fp32| / fp32 per step
-    peak_tflops: float | None = None  # override of the table (also gives CPU an MFU in smoke mode)
+    peak_tflops: float | None = None  # bf16 peak override of the table (also gives CPU an MFU in smoke mode)
+    peak_tflops_fp8: float | None = None  # fp8 peak override; defaults to 2x peak_tflops when that is given
     require_goals: bool = False
     seed: int = 1234
 
@@ -418,7 +419,8 @@ def run_check(cfg: CheckConfig) -> dict:
     init_parallel(ParallelConfig(), seed=cfg.seed)
     env = environment()
     fp8_ok, fp8_why = fp8_support()
-    peaks = {p: resolve_peak(p, cfg.peak_tflops) for p in ("bf16", "fp8")}
+    fp8_override = cfg.peak_tflops_fp8 or (None if cfg.peak_tflops is None else 2 * cfg.peak_tflops)
+    peaks = {"bf16": resolve_peak("bf16", cfg.peak_tflops), "fp8": resolve_peak("fp8", fp8_override)}
     agreement = precision_agreement(cfg, failures)
     rows = throughput_rows(cfg, "bf16", peaks["bf16"][0], deadline, failures)
     if fp8_ok:
@@ -509,7 +511,8 @@ def parse_args(argv=None) -> tuple[CheckConfig, Path | None]:
     p.add_argument("--max-steps", type=int, help="timed steps per configuration, at most")
     p.add_argument("--seconds-per-run", type=float, help="time box per configuration")
     p.add_argument("--budget-s", type=float, help="time budget of the whole check")
-    p.add_argument("--peak-tflops", type=float, help="peak TFLOP/s of one device (overrides the table)")
+    p.add_argument("--peak-tflops", type=float, help="bf16 peak TFLOP/s of one device (overrides the table)")
+    p.add_argument("--peak-tflops-fp8", type=float, help="fp8 peak TFLOP/s (default: 2x --peak-tflops if given)")
     p.add_argument("--agreement-rtol", type=float, help="bf16-vs-fp32 relative loss tolerance (default 0.01)")
     p.add_argument("--require-goals", action="store_true", help="also fail when a performance goal is missed")
     a = p.parse_args(argv)
@@ -519,6 +522,7 @@ def parse_args(argv=None) -> tuple[CheckConfig, Path | None]:
     overrides = {k: v for k, v in dict(models=a.models, seq_lengths=a.seq_lengths, objectives=a.objectives,
                                        max_steps=a.max_steps, seconds_per_run=a.seconds_per_run,
                                        budget_s=a.budget_s, peak_tflops=a.peak_tflops,
+                                       peak_tflops_fp8=a.peak_tflops_fp8,
                                        agreement_rtol=a.agreement_rtol,
                                        require_goals=a.require_goals or None).items() if v is not None}
     cfg = CheckConfig.smoke_defaults(**overrides) if a.smoke else CheckConfig(**overrides)

@@ -30,7 +30,7 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     for key in ("torch", "cuda", "transformer_engine", "apex", "megatron_core", "layer_spec", "layer_spec_reason"):
         assert key in env
     assert env["layer_spec"] in ("local", "transformer_engine")
-    assert report["peak_tflops"]["bf16"] == 0.05
+    assert report["peak_tflops"]["bf16"] == 0.05 and report["peak_tflops"]["fp8"] == 0.1
 
     bf16 = [r for r in report["runs"] if r["precision"] == "bf16"]
     # Both objectives at both sequence lengths of the smoke shape.
