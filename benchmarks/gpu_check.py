@@ -283,7 +283,7 @@ def micro_batch_for(model: str, seq: int, smoke: bool) -> int:
     return 2 if smoke else max(1, TOKENS_PER_MICRO_BATCH.get(model, 8192) // seq)
 
 
-def precision_for(name: str, smoke: bool) -> PrecisionConfig:
+def precision_for(name: str) -> PrecisionConfig:
     if name == "fp8":
         return PrecisionConfig(dtype="bf16", fp8="hybrid", fp8_recipe="delayed", fp8_attention="auto")
     return PrecisionConfig(dtype=name)
@@ -305,7 +305,7 @@ def throughput_rows(cfg: CheckConfig, precision: str, peak: float | None, deadli
             continue
         trainer = None
         try:
-            trainer = Trainer(model, precision_for(precision, cfg.smoke), cfg.seed)
+            trainer = Trainer(model, precision_for(precision), cfg.seed)
             for row in planned:
                 if time.monotonic() + cfg.seconds_per_run > deadline:
                     skip([row], "time budget exhausted", failures)
