@@ -37,13 +37,12 @@ class CheckpointInfo:
 
 
 def _train_state(checkpoint_dir: Path) -> dict[str, Any]:
-    """The `train_state` block of `run_config.json`, or {} when the file or block is missing/unreadable."""
-    path = checkpoint_dir / "run_config.json"
+    """The checkpoint's `train_state.json` (iteration, tokens, phase), or {} when missing/unreadable."""
+    path = checkpoint_dir / "train_state.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return {}
-    state = config.get("train_state") if isinstance(config, dict) else None
     return state if isinstance(state, dict) else {}
 
 

@@ -81,7 +81,7 @@ def read_json(path: Path, name: str) -> dict:
     return json.loads(file.read_text())
 
 
-def _model_sharded_state_dict(ddp_chunks) -> dict:
+def model_sharded_state_dict(ddp_chunks) -> dict:
     if len(ddp_chunks) == 1:
         return {"model": unwrap(ddp_chunks[0]).sharded_state_dict(metadata=_SHARDING)}
     return {f"model{i}": unwrap(c).sharded_state_dict(metadata=_SHARDING) for i, c in enumerate(ddp_chunks)}
@@ -117,7 +117,7 @@ def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
     dist.barrier()
-    sharded = _model_sharded_state_dict(ddp_chunks)
+    sharded = model_sharded_state_dict(ddp_chunks)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=False, metadata=_SHARDING)
     dist_checkpointing.save(sharded, str(staging))
     (staging / "rng").mkdir(exist_ok=True)
@@ -154,7 +154,7 @@ def _prune(root: Path, keep_last: int, protect: Path) -> None:
 
 def load_weights(path: Path, ddp_chunks) -> None:
     """Load model weights only (any layout → this layout)."""
-    sharded = _model_sharded_state_dict(ddp_chunks)
+    sharded = model_sharded_state_dict(ddp_chunks)
     state = dist_checkpointing.load(sharded, str(path))
     _apply_model_state(ddp_chunks, state)
 
@@ -167,13 +167,46 @@ def _apply_model_state(ddp_chunks, state: dict) -> None:
             unwrap(chunk).load_state_dict(state[f"model{i}"], strict=False)
 
 
+def _keep_step_when_loading(inner) -> None:
+    """megatron 0.19's distributed optimizer, with torch's Adam (no TE/apex: our CPU path), restores the Adam step
+    count globally but then expects it among each parameter's saved tensors too, and fails. Hand it the value it
+    has already restored. Instance-level and only where the step lives in per-parameter state."""
+    setter = getattr(inner, "_set_main_param_and_optimizer_states", None)
+    if setter is None or getattr(setter, "_keeps_step", False):
+        return
+
+    def set_states(model_param, tensors):
+        group, order = inner.model_param_group_index_map[model_param]
+        step = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]].get("step")
+        if isinstance(step, torch.Tensor) and "step" not in tensors:
+            tensors = {**tensors, "step": step.clone()}
+        return setter(model_param, tensors)
+
+    set_states._keeps_step = True
+    inner._set_main_param_and_optimizer_states = set_states
+
+
 def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     """Resume: model, optimizer, scheduler and (same layout only) RNG states. Returns the saved train state."""
-    sharded = _model_sharded_state_dict(ddp_chunks)
+    sharded = model_sharded_state_dict(ddp_chunks)
+    # A fresh optimizer has no Adam state yet; create it (zeros) so there are tensors to load into.
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner.init_state_fn(inner.optimizer, inner.config)
+        # megatron's init leaves out torch Adam's per-parameter `step` (TE/apex keep it elsewhere); the
+        # loaded state overwrites it.
+        for param_state in inner.optimizer.state.values():
+            param_state.setdefault("step", torch.tensor(0.0))
+        _keep_step_when_loading(inner)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=True, metadata=_SHARDING)
     state = dist_checkpointing.load(sharded, str(path))
     _apply_model_state(ddp_chunks, state)
     optimizer.load_state_dict(state["optimizer"])
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        # megatron restores torch Adam's step as ONE tensor shared by every parameter; torch increments each
+        # parameter's step in place, so a shared tensor would advance once per parameter. Give each its own.
+        for param_state in inner.optimizer.state.values():
+            if isinstance(param_state.get("step"), torch.Tensor):
+                param_state["step"] = param_state["step"].clone()
     train_state = read_json(path, TRAIN_STATE)
     scheduler.load_state_dict(train_state["scheduler"])
     rng_file = Path(path) / "rng" / f"{_rank_tag()}.pt"

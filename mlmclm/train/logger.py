@@ -22,10 +22,12 @@ def memory_gb() -> float:
 
 class MetricsLogger:
     def __init__(self, tensorboard_dir: Path | None, log_interval: int, enabled: bool, hparams: dict,
-                 phase_names: list[str]):
+                 phase_names: list[str], metrics_file: Path | None = None):
         self.enabled = enabled
         self.log_interval = log_interval
         self.writer = None
+        # Every step's metrics as JSON lines (exact floats; appended across resumes) for scripts and tests.
+        self.metrics_file = open(metrics_file, "a") if enabled and metrics_file is not None else None
         if enabled and tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -78,6 +80,9 @@ class MetricsLogger:
         if self.writer is not None:
             for tag, value in metrics.items():
                 self.writer.add_scalar(tag, value, step)
+        if self.metrics_file is not None:
+            self.metrics_file.write(json.dumps({"step": step, "phase": phase_name, **metrics}) + "\n")
+            self.metrics_file.flush()
         if self.enabled and (step % self.log_interval == 0):
             log.info("step %d [%s] loss %.4f acc %.3f lr %.2e gnorm %s | %.0f tok/s %.2f TFLOP/s/GPU",
                      step, phase_name, result.loss, result.accuracy, result.lr,
@@ -95,6 +100,8 @@ class MetricsLogger:
             self.writer.add_hparams(hparams, final, run_name="hparams")
 
     def close(self) -> None:
+        if self.metrics_file is not None:
+            self.metrics_file.close()
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()

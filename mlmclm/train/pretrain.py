@@ -215,8 +215,11 @@ class _Run:
         cfg = self.cfg
         bounds = cfg.phase_bounds()
         stop = _StopRequest()
-        logger = MetricsLogger(cfg.tensorboard_dir, cfg.logging.log_interval, self.rank0, cfg.to_dict(),
-                               [p.name for p in cfg.phases])
+        if self.rank0:
+            Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
+                               self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
+                               metrics_file=Path(cfg.run_dir) / "metrics.jsonl")
         final_losses: dict[str, float] = {}
         peak = _peak_tflops(cfg)
         current, objective, flops_per_step = None, None, 0.0

@@ -16,7 +16,7 @@ def fake_run(run_dir, states):
         folder = run_dir / "checkpoints" / f"iter_{iteration:07d}"
         folder.mkdir(parents=True)
         if state is not None:
-            (folder / "run_config.json").write_text(json.dumps({"model": {}, "train_state": state}))
+            (folder / "train_state.json").write_text(json.dumps(state))
     (run_dir / "checkpoints" / "latest").write_text(str(max(states)))
     return run_dir
 

@@ -1,0 +1,173 @@
+"""Worker functions for the training tests. Each runs inside `launch.spawn` processes (module-level, picklable).
+
+Failures are injected the way they happen in real life — a process dying (`os._exit`) at a chosen point, a loss
+turning NaN — by wrapping library functions inside the worker processes only.
+"""
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from mlmclm.data.prepare import prepare_embedded_corpus
+
+SEQ = 64
+TOTAL, SWITCH = 10, 4  # CLM for steps 1-4, MLM for steps 5-10
+
+
+def make_data(directory: Path) -> Path:
+    prepare_embedded_corpus(directory, seq_length=SEQ, max_tokens=60_000)
+    return directory
+
+
+def config(run_dir, data_dir, tp=1, **overrides) -> dict:
+    cfg = {
+        "run_dir": str(run_dir), "model": {"preset": "tiny"},
+        "data": {"path": str(data_dir), "tokenizer": "embedded"},
+        "phases": [{"objective": {"kind": "clm"}, "steps": SWITCH},
+                   {"objective": {"kind": "mlm", "mask_ratio": 0.3}, "steps": TOTAL - SWITCH}],
+        "total_steps": TOTAL, "global_batch_size": 8, "micro_batch_size": 2,
+        "parallel": {"tensor_parallel": tp},
+        "optimizer": {"lr": 3e-3}, "schedule": {"style": "wsd", "warmup_steps": 2, "decay_steps": 3},
+        "checkpoint": {"save_interval": 3}, "logging": {"log_interval": 100},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def _train(cfg_dict):
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from mlmclm.train.config import TrainConfig
+    from mlmclm.train.pretrain import pretrain
+
+    return pretrain(TrainConfig.from_dict(cfg_dict))
+
+
+def _rank0() -> bool:
+    return os.environ.get("RANK") == "0"
+
+
+def run_recording(cfg_dict, record_path):
+    """A full run that records, at the phase switch and the phase-end save, the state a test asserts on."""
+    from mlmclm.model import is_causal
+    from mlmclm.model.weights import gather_full
+    from mlmclm.train import pretrain as pt
+
+    records = {}
+    original_enter, original_save = pt._Run._enter_phase, pt._Run._save
+
+    def enter(self, index, previous, logger):
+        inner = self.optimizer.chained_optimizers[0] if hasattr(self.optimizer, "chained_optimizers") else self.optimizer
+        adam_steps = [int(s["step"]) for s in inner.optimizer.state.values() if "step" in s]
+        records.setdefault("phases", []).append({
+            "index": index, "iteration": self.iteration, "consumed_samples": self.loader.consumed_samples,
+            "causal_before": is_causal(self.chunks), "adam_steps": sorted(set(adam_steps)),
+            "optimizer_id": id(self.optimizer), "model_id": id(self.chunks[0])})
+        objective = original_enter(self, index, previous, logger)
+        records["phases"][-1]["causal_after"] = is_causal(self.chunks)
+        records["phases"][-1]["objective"] = objective.name
+        return objective
+
+    def save(self, phase_index, keep):
+        original_save(self, phase_index, keep)
+        if keep and phase_index == 0:
+            records["clm_end_weights"] = gather_full(self.ddp, "weight")
+
+    pt._Run._enter_phase, pt._Run._save = enter, save
+    result = _train(cfg_dict)
+    if _rank0():
+        records["result"] = result.__dict__
+        torch.save(records, record_path)
+
+
+def run_killed_during_save(cfg_dict, kill_at_iteration):
+    """Die (as a crash would) after every rank wrote checkpoint `kill_at_iteration` but before it was published."""
+    from types import SimpleNamespace
+
+    import megatron.core.dist_checkpointing as real
+    from mlmclm.train import checkpoint
+
+    def save(sharded, path, *args, **kwargs):
+        real.save(sharded, path, *args, **kwargs)
+        if Path(path).name.endswith(f"iter_{kill_at_iteration:07d}"):
+            torch.distributed.barrier()
+            os._exit(17)
+
+    checkpoint.dist_checkpointing = SimpleNamespace(save=save, load=real.load)
+    _train(cfg_dict)
+
+
+def run_until(cfg_dict, stop_after_step):
+    """Resume (possibly on another layout) and die right after logging step `stop_after_step`."""
+    from mlmclm.train import logger as logger_module
+
+    original = logger_module.MetricsLogger.step
+
+    def step(self, step_number, *args, **kwargs):
+        out = original(self, step_number, *args, **kwargs)
+        if step_number >= stop_after_step:
+            if self.metrics_file is not None:
+                self.metrics_file.flush()
+            os._exit(0)
+        return out
+
+    logger_module.MetricsLogger.step = step
+    _train(cfg_dict)
+
+
+def run_and_report_error(cfg_dict, report_path):
+    try:
+        _train(cfg_dict)
+    except Exception as err:  # the test asserts on the type and message
+        if _rank0():
+            Path(report_path).write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
+        return
+    if _rank0():
+        Path(report_path).write_text(json.dumps({"type": None, "message": ""}))
+
+
+def run_with_nan_from(cfg_dict, first_bad_step, report_path):
+    """Losses turn NaN from `first_bad_step` on (as a diverging run's would); the guard must stop the run."""
+    from mlmclm.train import step as step_module
+
+    original = step_module._loss_func
+    calls = {"n": 0}
+
+    def poisoned(batch, logits):
+        loss, count, extra = original(batch, logits)
+        calls["n"] += 1
+        micro_per_step = 4  # global batch 8 / micro batch 2 on one rank
+        if (calls["n"] - 1) // micro_per_step + 1 >= first_bad_step:
+            loss = loss * float("nan")
+            stats = extra["stats"].clone()
+            stats[0] = float("nan")  # the summed loss; token counts stay real
+            extra = {"stats": stats}
+        return loss, count, extra
+
+    step_module._loss_func = poisoned
+    run_and_report_error(cfg_dict, report_path)
+
+
+def run_cpt_recording(cfg_dict, record_path):
+    """Continued pretraining: record the weights right after initialisation from another run's checkpoint."""
+    from mlmclm.model.weights import gather_full
+    from mlmclm.train import pretrain as pt
+
+    original = pt._Run._restore
+    records = {}
+
+    def restore(self):
+        original(self)
+        records["initial_weights"] = gather_full(self.ddp, "weight")
+        records["iteration"] = self.iteration
+        records["consumed_samples"] = self.loader.consumed_samples
+        records["scheduler_steps"] = self.scheduler.num_steps
+        inner = self.optimizer.chained_optimizers[0] if hasattr(self.optimizer, "chained_optimizers") else self.optimizer
+        records["adam_state_entries"] = len(inner.optimizer.state)
+
+    pt._Run._restore = restore
+    _train(cfg_dict)
+    if _rank0():
+        torch.save(records, record_path)
