@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTHON312 := $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2]==(3,12)' 2>/dev/null && command -v python3.12 || \
 	(command -v pyenv >/dev/null 2>&1 && v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | sort -V | tail -n1) && [ -n "$$v" ] && echo "$$(pyenv root)/versions/$$v/bin/python3.12"))
 
-.PHONY: setup test demo gpu-check bench clean
+.PHONY: setup test demo gpu-check gpu-check-smoke bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: no Python 3.12 interpreter found (need python3.12 on PATH or a 3.12 version in pyenv: 'pyenv install 3.12')" >&2; exit 1; fi
@@ -31,8 +31,18 @@ test: setup
 demo: setup
 	$(PY) -m mlmclm.demo
 
+# One GPU, < 8 min: versions, bf16/FP8 tokens/s, MFU, memory, bf16-vs-fp32 losses.
 gpu-check: setup
-	$(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json
+	timeout 600 $(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS)
+
+# The same script on CPU with a tiny shape (what CI runs).
+gpu-check-smoke: setup
+	$(PY) benchmarks/gpu_check.py --smoke --json artifacts/gpu_check_smoke.json
+
+# Side-by-side CPU benchmarks (not tests): training step vs plain PyTorch + HF, loader vs raw memmap.
+bench: setup
+	$(PY) benchmarks/train_step.py --threads 1
+	$(PY) benchmarks/loader.py
 
 clean:
 	rm -rf $(VENV) runs artifacts .pytest_cache

@@ -28,10 +28,13 @@ def _correct_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor):
-    """(summed loss, number of predicted tokens, number correct) for logits [b, s, v/tp] and labels [b, s]."""
+    """(summed loss, number of predicted tokens, number correct) for logits [b, s, v/tp] and labels [b, s].
+
+    `logits` is consumed: it is modified in place."""
     logits = logits.float()
     targets = labels.clamp(min=0)  # ignore-index positions carry loss_mask 0
+    # Accuracy first: megatron's CE subtracts the row max from `logits` in place (as megatron's own loss path
+    # does; the output layer's backward does not need its output, so no copy is made).
     correct = (_correct_predictions(logits, targets) * loss_mask).sum()
-    # megatron's CE subtracts the max in place: hand it its own copy so `logits` stays intact for callers.
-    losses = tensor_parallel.vocab_parallel_cross_entropy(logits.clone(), targets)
+    losses = tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
     return (losses * loss_mask).sum(), loss_mask.sum(), correct
