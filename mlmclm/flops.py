@@ -106,9 +106,9 @@ PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
 
 def cuda_device_name() -> str | None:
     """The current CUDA device's name, or None without CUDA."""
-    import torch
+    from mlmclm.parallel.runtime import gpu_name
 
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return gpu_name()
 
 
 def peak_flops(dtype: str = "bf16", device_name: str | None = None, override: float | None = None) -> float:

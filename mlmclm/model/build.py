@@ -13,6 +13,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.precision import PrecisionConfig, fp8_attention_decision, transformer_engine_available
 from mlmclm.model.spec import block_spec
+from mlmclm.parallel import runtime
 from mlmclm.parallel.runtime import ParallelConfig, current_device
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
                        use_te: bool = False) -> TransformerConfig:
     precision = precision or PrecisionConfig()
-    on_gpu = torch.cuda.is_available()
+    on_gpu = runtime.on_gpu()
     dtype = precision.resolved_dtype(on_gpu)
     if precision.fp8 and not use_te:
         raise ValueError("precision.fp8 needs Transformer Engine layers (TE importable and a CUDA device)")

@@ -30,9 +30,9 @@ class PrecisionConfig:
 
 def transformer_engine_available() -> tuple[bool, str]:
     """Whether TE's layers can be used here, and why not."""
-    import torch
+    from mlmclm.parallel.runtime import on_gpu
 
-    if not torch.cuda.is_available():
+    if not on_gpu():
         return False, "no CUDA device"
     try:
         import transformer_engine.pytorch  # noqa: F401
@@ -46,12 +46,12 @@ def fp8_attention_decision(head_dim: int, training: bool = True) -> tuple[bool, 
 
     TE's FP8 fused attention on Hopper has required head_dim 128 in training; the paper's shapes use 64 and 96.
     """
-    import torch
+    from mlmclm.parallel.runtime import gpu_capability
 
     ok, why = transformer_engine_available()
     if not ok:
         return False, f"FP8 attention off: {why}"
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = gpu_capability()
     if major < 9:
         return False, f"FP8 attention off: needs compute capability >= 9.0 (Hopper), this GPU is {major}.{minor}"
     if major == 9 and training and head_dim != 128:

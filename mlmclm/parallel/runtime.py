@@ -71,6 +71,22 @@ class ParallelLayout:
 _layout: ParallelLayout | None = None
 
 
+def on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def gpu_name() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def gpu_capability() -> tuple[int, int] | None:
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+
+
+def peak_gpu_memory_gb() -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
 def current_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())

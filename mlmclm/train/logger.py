@@ -13,11 +13,10 @@ log = logging.getLogger("mlmclm.train")
 
 def memory_gb() -> float:
     """Peak accelerator memory when on GPU, else this process's resident memory."""
-    import torch
+    from mlmclm.parallel.runtime import peak_gpu_memory_gb
 
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
-    return psutil.Process().memory_info().rss / 2**30
+    peak = peak_gpu_memory_gb()
+    return peak if peak is not None else psutil.Process().memory_info().rss / 2**30
 
 
 class MetricsLogger:
