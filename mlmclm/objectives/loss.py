@@ -2,24 +2,29 @@
 
 Sums let megatron divide by the number of predicted tokens of the *whole* global batch
 (`calculate_per_token_loss`), so every data-parallel size and micro-batch split gives the same loss and gradient.
+The cross entropy itself is megatron's (`GPTModel` with labels: vocab-parallel, on the [s, b, v] logits, so no
+batch-first copy of the logits is made); accuracy is counted from the same logits as they leave the output layer.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import parallel_state
 
 
 @torch.no_grad()
-def _correct_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """1 where the label has the highest logit over the whole (TP-split) vocabulary, else 0."""
+def correct_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """1 where the label has the highest logit over the whole (TP-split) vocabulary, else 0.
+
+    `logits` [..., v/tp] is this rank's vocabulary shard; `labels` [...] are global token ids.
+    """
     group = parallel_state.get_tensor_model_parallel_group()
     shard_size = logits.shape[-1]
     start = parallel_state.get_tensor_model_parallel_rank() * shard_size
-    global_max = logits.max(dim=-1).values
+    global_max = logits.max(dim=-1).values.float()
     local = labels - start
     in_shard = (local >= 0) & (local < shard_size)
-    label_logit = torch.gather(logits, -1, local.clamp(0, shard_size - 1).unsqueeze(-1)).squeeze(-1)
+    label_logit = torch.gather(logits, -1, local.clamp(0, shard_size - 1).unsqueeze(-1)).squeeze(-1).float()
     label_logit = torch.where(in_shard, label_logit, torch.zeros_like(label_logit))
     if parallel_state.get_tensor_model_parallel_world_size() > 1:
         dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
@@ -27,14 +32,21 @@ def _correct_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     return (label_logit >= global_max).float()
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor):
-    """(summed loss, number of predicted tokens, number correct) for logits [b, s, v/tp] and labels [b, s].
+class AccuracyTap:
+    """A forward hook on the output layer: counts correct predictions of the current micro-batch from the
+    [s, b, v/tp] logits before megatron's cross entropy consumes them (in place)."""
 
-    `logits` is consumed: it is modified in place."""
-    logits = logits.float()
-    targets = labels.clamp(min=0)  # ignore-index positions carry loss_mask 0
-    # Accuracy first: megatron's CE subtracts the row max from `logits` in place (as megatron's own loss path
-    # does; the output layer's backward does not need its output, so no copy is made).
-    correct = (_correct_predictions(logits, targets) * loss_mask).sum()
-    losses = tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
-    return (losses * loss_mask).sum(), loss_mask.sum(), correct
+    def __init__(self):
+        self.labels: torch.Tensor | None = None  # [b, s], set before each forward
+        self.loss_mask: torch.Tensor | None = None
+        self.correct: torch.Tensor | None = None
+
+    def __call__(self, module, inputs, output):
+        logits = output[0] if isinstance(output, tuple) else output
+        labels = self.labels.clamp(min=0).transpose(0, 1)
+        mask = self.loss_mask.transpose(0, 1)
+        self.correct = (correct_predictions(logits, labels) * mask).sum()
+
+    def take(self) -> torch.Tensor | None:
+        value, self.correct = self.correct, None
+        return value

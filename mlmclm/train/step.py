@@ -10,8 +10,9 @@ from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mlmclm.model.weights import unwrap
 from mlmclm.objectives import ObjectiveBatch
-from mlmclm.objectives.loss import token_loss
+from mlmclm.objectives.loss import AccuracyTap
 from mlmclm.parallel.runtime import current_device
 from mlmclm.train.optim import grads_are_finite
 
@@ -26,9 +27,11 @@ class StepResult:
     skipped: bool  # non-finite loss or gradients: no update was made
 
 
-def _loss_func(batch: ObjectiveBatch, logits: torch.Tensor):
-    loss_sum, count, correct = token_loss(logits, batch.labels, batch.loss_mask)
-    stats = torch.stack([loss_sum.detach(), count.detach(), correct.detach()])
+def _loss_func(batch: ObjectiveBatch, correct: torch.Tensor, token_losses: torch.Tensor):
+    """Summed loss over predicted tokens (megatron divides by the global batch's count), and logging stats."""
+    loss_sum = (token_losses.float() * batch.loss_mask).sum()
+    count = batch.loss_mask.sum()
+    stats = torch.stack([loss_sum.detach(), count.detach(), correct.detach().to(count.dtype)])
     return loss_sum, count.to(torch.int), {"stats": stats}
 
 
@@ -36,12 +39,21 @@ def _forward_step(data_iterator, model):
     batch: ObjectiveBatch = next(data_iterator)
     seq = batch.input_ids.shape[1]
     positions = torch.arange(seq, device=batch.input_ids.device).unsqueeze(0).expand_as(batch.input_ids)
-    output = model(batch.input_ids, positions, None)
-    return output, partial(_loss_func, batch)
+    tap = getattr(unwrap(model), "accuracy_tap", None)  # only on the chunk that holds the output layer
+    if tap is not None:
+        tap.labels, tap.loss_mask = batch.labels, batch.loss_mask
+    # With labels, megatron returns per-token losses [b, s] (vocab-parallel CE on its [s, b, v] logits).
+    output = model(batch.input_ids, positions, None, labels=batch.labels.clamp(min=0))
+    return output, partial(_loss_func, batch, tap.take() if tap is not None else None)
 
 
 def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
     """Wire megatron's hooks: gradient finalisation (DP all-reduce, division by the token count) and no_sync."""
+    for chunk in ddp_chunks:
+        model = unwrap(chunk)
+        if model.post_process and getattr(model, "accuracy_tap", None) is None:
+            model.accuracy_tap = AccuracyTap()
+            model.output_layer.register_forward_hook(model.accuracy_tap)
     config = ddp_chunks[0].module.config
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss

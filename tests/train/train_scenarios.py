@@ -135,8 +135,8 @@ def run_with_nan_from(cfg_dict, first_bad_step, report_path):
     original = step_module._loss_func
     calls = {"n": 0}
 
-    def poisoned(batch, logits):
-        loss, count, extra = original(batch, logits)
+    def poisoned(batch, correct, token_losses):
+        loss, count, extra = original(batch, correct, token_losses)
         calls["n"] += 1
         micro_per_step = 4  # global batch 8 / micro batch 2 on one rank
         if (calls["n"] - 1) // micro_per_step + 1 >= first_bad_step:
