@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
-from mlmclm.convert.hf_config import DTYPES, eurobert_config, rope_parameters
+from mlmclm.convert.hf_config import eurobert_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf

@@ -1,7 +1,7 @@
 """EuroBERT model shapes: a dataclass with named presets, validated against a parallel layout."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from mlmclm.parallel.runtime import ParallelConfig
 

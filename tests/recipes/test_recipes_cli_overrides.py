@@ -3,7 +3,6 @@ import pytest
 
 from recipes import launch
 from recipes.base import validate
-from recipes.entry import pretrain_entry
 
 
 def test_recipe_parameters_and_config_paths_reach_the_config():
