@@ -1,0 +1,37 @@
+"""`torchrun -m mlmclm.train CONFIG key=value ...`: the documented entry point, for real, and its config errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import train_scenarios as sc
+
+
+def _torchrun() -> str:
+    return str(Path(sys.executable).with_name("torchrun"))
+
+
+def test_torchrun_entry_trains_with_overrides(tmp_path):
+    data = sc.make_data(tmp_path / "data")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(sc.config(tmp_path / "run", data, tp=1)))
+    proc = subprocess.run(
+        [_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "mlmclm.train", str(config),
+         "total_steps=3", "phases.0.steps=1", "phases.1.steps=2", "schedule.style=constant",
+         "phases.1.objective.mask_ratio=0.25"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "iter_0000003" / "run_config.json").read_text())
+    assert saved["total_steps"] == 3 and saved["phases"][1]["objective"]["mask_ratio"] == 0.25
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["clm", "mlm", "mlm"]
+
+
+def test_invalid_config_exits_2_naming_the_problem(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(sc.config(tmp_path / "run", tmp_path / "data", tp=1)))
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), "optimizer.lr=-1"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "optimizer" in proc.stderr and "lr" in proc.stderr
+    assert not (tmp_path / "run").exists()
