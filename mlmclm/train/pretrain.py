@@ -14,7 +14,7 @@ from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
 from mlmclm.model.config import ModelConfig
 from mlmclm.objectives import build_objective
-from mlmclm.parallel import destroy_parallel, init_parallel
+from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.logger import MetricsLogger
@@ -54,7 +54,7 @@ class _StopRequest:
         self.requested = True
 
     def agreed(self) -> bool:
-        flag = torch.tensor([int(self.requested)], dtype=torch.int32)
+        flag = torch.tensor([int(self.requested)], dtype=torch.int32, device=current_device())  # NCCL: on the GPU
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
         return bool(flag.item())
 
