@@ -172,17 +172,10 @@ def validate(partial: run.Partial) -> TrainConfig:
     interleaved schedule, WSD schedule vs run length, and the CLM→MLM switch placed before the WSD decay.
     """
     cfg: TrainConfig = fdl.build(partial.config)
-    dp = cfg.parallel.data_parallel_size(world_size(partial))
-    num_micro = cfg.num_microbatches(dp)
-    if cfg.parallel.virtual_pipeline_parallel and num_micro % cfg.parallel.pipeline_parallel:
-        raise ValueError(f"the interleaved schedule needs the {num_micro} micro-batches per step divisible by "
-                         f"pipeline_parallel {cfg.parallel.pipeline_parallel}")
+    cfg.num_microbatches(cfg.parallel.data_parallel_size(world_size(partial)))
     sched, steps = cfg.schedule, cfg.phase_steps()
-    decay = sched.decay_steps if sched.decay_steps is not None else max(1, cfg.total_steps // 10)
+    decay = sched.decay_for(cfg.total_steps)
     if sched.style == "wsd":
-        if sched.warmup_steps + decay > cfg.total_steps:
-            raise ValueError(f"schedule: warmup {sched.warmup_steps} + decay {decay} exceed total_steps "
-                             f"{cfg.total_steps}")
         if len(steps) > 1 and decay > steps[-1]:
             raise ValueError(
                 f"the switch to the last phase ('{cfg.phases[-1].name}', {steps[-1]} steps) must come before the "

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -29,5 +29,5 @@ def _worker(local_rank: int, fn: Callable, world_size: int, port: int, args: tup
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     """Run `fn(*args)` on `world_size` fresh processes; raises if any of them fails."""
-    mp.start_processes(_worker, args=(fn, world_size, _free_port(), args), nprocs=world_size,
+    mp.start_processes(_worker, args=(fn, world_size, free_port(), args), nprocs=world_size,
                        join=True, start_method="spawn")

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from mlmclm.parallel import cpu_emulation
+from mlmclm.parallel.launch import free_port
 
 
 @dataclass
@@ -114,7 +115,7 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234, timeout_minutes: int = 
         if "RANK" not in os.environ:
             # A single process without torchrun: a 1-rank group on a free local port.
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         if not emulated:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -163,11 +164,3 @@ def destroy_parallel() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _layout = None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -92,6 +92,17 @@ def _rank_tag() -> str:
             f"_dp{parallel_state.get_data_parallel_rank()}")
 
 
+def _current_layout() -> dict:
+    return {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+            "dp": parallel_state.get_data_parallel_world_size()}
+
+
+def _inner_optimizers(optimizer) -> list:
+    """The megatron optimizers behind a (possibly chained) optimizer."""
+    return getattr(optimizer, "chained_optimizers", [optimizer])
+
+
 def _rng_state() -> dict:
     from megatron.core import tensor_parallel
 
@@ -125,9 +136,7 @@ def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler
     dist.barrier()
     if rank0:
         state = {**train_state, "scheduler": scheduler.state_dict(), "keep": keep,
-                 "layout": {"tp": parallel_state.get_tensor_model_parallel_world_size(),
-                            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
-                            "dp": parallel_state.get_data_parallel_world_size()}}
+                 "layout": _current_layout()}
         _write_json_atomic(staging / TRAIN_STATE, state)
         _write_json_atomic(staging / RUN_CONFIG, run_config)
         if final.exists():  # re-saving an iteration (e.g. after a resume): replace it
@@ -190,7 +199,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     """Resume: model, optimizer, scheduler and (same layout only) RNG states. Returns the saved train state."""
     sharded = model_sharded_state_dict(ddp_chunks)
     # A fresh optimizer has no Adam state yet; create it (zeros) so there are tensors to load into.
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for inner in _inner_optimizers(optimizer):
         inner.init_state_fn(inner.optimizer, inner.config)
         # megatron's init leaves out torch Adam's per-parameter `step` (TE/apex keep it elsewhere); the
         # loaded state overwrites it.
@@ -201,7 +210,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     state = dist_checkpointing.load(sharded, str(path))
     _apply_model_state(ddp_chunks, state)
     optimizer.load_state_dict(state["optimizer"])
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for inner in _inner_optimizers(optimizer):
         # megatron restores torch Adam's step as ONE tensor shared by every parameter; torch increments each
         # parameter's step in place, so a shared tensor would advance once per parameter. Give each its own.
         for param_state in inner.optimizer.state.values():
@@ -211,10 +220,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     scheduler.load_state_dict(train_state["scheduler"])
     rng_file = Path(path) / "rng" / f"{_rank_tag()}.pt"
     layout = train_state.get("layout", {})
-    same_layout = layout == {"tp": parallel_state.get_tensor_model_parallel_world_size(),
-                             "pp": parallel_state.get_pipeline_model_parallel_world_size(),
-                             "dp": parallel_state.get_data_parallel_world_size()}
-    if same_layout and rng_file.exists():
+    if layout == _current_layout() and rng_file.exists():
         from megatron.core import tensor_parallel
 
         rng = torch.load(rng_file, weights_only=True)

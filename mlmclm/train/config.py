@@ -92,6 +92,7 @@ class TrainConfig:
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be >= 1")
         self.phase_steps()  # validates that the phases fill the run exactly
+        self.schedule.check(self.total_steps)
         self.model.validate_layout(self.parallel)
 
     @classmethod
@@ -135,7 +136,11 @@ class TrainConfig:
                 f"global_batch_size {self.global_batch_size} is not divisible by micro_batch_size × data-parallel "
                 f"size = {self.micro_batch_size}×{data_parallel_size}"
             )
-        return self.global_batch_size // per_round
+        num_micro = self.global_batch_size // per_round
+        if self.parallel.virtual_pipeline_parallel and num_micro % self.parallel.pipeline_parallel:
+            raise ValueError(f"the interleaved schedule needs the {num_micro} micro-batches per step divisible by "
+                             f"pipeline_parallel {self.parallel.pipeline_parallel}")
+        return num_micro
 
     @property
     def checkpoint_dir(self) -> Path:

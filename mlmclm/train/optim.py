@@ -50,6 +50,19 @@ class ScheduleConfig:
         if self.warmup_steps < 0 or (self.decay_steps is not None and self.decay_steps < 0):
             raise ValueError("schedule: warmup_steps and decay_steps must be >= 0")
 
+    def decay_for(self, total_steps: int) -> int:
+        """WSD's decay length in a run of `total_steps`: as configured, else 10 % of the run."""
+        return self.decay_steps if self.decay_steps is not None else max(1, total_steps // 10)
+
+    def check(self, total_steps: int) -> None:
+        """Raise if warmup (and WSD's decay) do not fit in a run of `total_steps`."""
+        if self.style != "constant" and total_steps > 0 and self.warmup_steps >= total_steps:
+            raise ValueError(f"schedule.warmup_steps {self.warmup_steps} must be < total steps {total_steps}")
+        decay = self.decay_for(total_steps)
+        if self.style == "wsd" and self.warmup_steps + decay > total_steps:
+            raise ValueError(f"schedule: warmup {self.warmup_steps} + decay {decay} exceed the run's "
+                             f"{total_steps} steps")
+
 
 def wrap_ddp(chunks, distributed_optimizer: bool) -> list[DistributedDataParallel]:
     ddp_config = DistributedDataParallelConfig(
@@ -84,12 +97,9 @@ def build_optimizer(ddp_chunks, cfg: OptimizerConfig):
 
 
 def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int) -> OptimizerParamScheduler:
-    if sched.warmup_steps >= total_steps and total_steps > 0 and sched.style != "constant":
-        raise ValueError(f"schedule.warmup_steps {sched.warmup_steps} must be < total steps {total_steps}")
+    sched.check(total_steps)
     style = {"wsd": "WSD", "cosine": "cosine", "linear": "linear", "constant": "constant"}[sched.style]
-    decay = sched.decay_steps if sched.decay_steps is not None else max(1, total_steps // 10)
-    if sched.style == "wsd" and sched.warmup_steps + decay > total_steps:
-        raise ValueError(f"schedule: warmup {sched.warmup_steps} + decay {decay} exceed the run's {total_steps} steps")
+    decay = sched.decay_for(total_steps)
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if sched.warmup_steps else opt.lr,

@@ -153,10 +153,7 @@ class _Run:
         self.manifest = Manifest.load(cfg.data.path)
         check_data_fits_model(cfg, self.manifest)
         self.seq = self.manifest.seq_length
-        num_micro = cfg.num_microbatches(state.dp_size)
-        if cfg.parallel.virtual_pipeline_parallel and num_micro % cfg.parallel.pipeline_parallel:
-            raise ValueError(f"the interleaved schedule needs the {num_micro} micro-batches per step divisible by "
-                             f"pipeline_parallel {cfg.parallel.pipeline_parallel}")
+        cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te)
