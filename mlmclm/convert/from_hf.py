@@ -8,21 +8,24 @@ TrainConfig (there is no data or schedule to record). Writing a TP×PP-sharded c
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from mlmclm.convert.hf_source import load_source, resolve_source
+from mlmclm.convert.hf_source import SourceError, load_source, resolve_source
 from mlmclm.convert.output import check_output, dir_size, staged_output
 from mlmclm.convert.to_hf import TOKENIZER_SUBDIR
+from mlmclm.data.tokenizer import tokenizer_identity
 from mlmclm.model.config import ModelConfig
 from mlmclm.parallel.launch import spawn
 from mlmclm.parallel.runtime import ParallelConfig
 from mlmclm.train import checkpoint as ckpt
 
 ITERATION = 0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -151,20 +154,28 @@ def _write_worker(source_dir: str, model_dict: dict, parallel_dict: dict, dtype:
         destroy_parallel()
 
 
-def _tokenizer_identity(directory: Path, into: Path) -> tuple[dict | None, str | None]:
-    """Copy the source's tokenizer into the checkpoint, if it has one transformers loads without remote code."""
-    if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None, None
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load_source_tokenizer(directory: Path):
+    """The source's tokenizer (loaded without remote code), or None when the directory ships none.
+
+    No tokenizer files is legitimate (weights-only repositories exist; `init_from` reads only the weights and
+    convert_to_hf takes --tokenizer), so it is a warning. Tokenizer files that do not load are an error: carrying
+    on would silently drop the tokenizer the user expects to travel with the checkpoint (and its identity check).
+    """
+    present = [f for f in TOKENIZER_FILES if (directory / f).exists()]
+    if not present:
+        log.warning("%s has no tokenizer (none of %s): the checkpoint is written without one; pass --tokenizer to "
+                    "convert_to_hf when exporting it", directory, ", ".join(TOKENIZER_FILES))
+        return None
     from transformers import AutoTokenizer
 
-    from mlmclm.data.tokenizer import tokenizer_identity
-
     try:
-        tok = AutoTokenizer.from_pretrained(str(directory))
-    except Exception:  # a tokenizer we cannot load: the weights are still usable with an explicit tokenizer
-        return None, None
-    tok.save_pretrained(str(into))
-    return tokenizer_identity(tok), tok.__class__.__name__
+        return AutoTokenizer.from_pretrained(str(directory))  # never trust_remote_code
+    except Exception as err:
+        raise SourceError(f"{directory}: the tokenizer ({', '.join(present)}) cannot be loaded without remote code: "
+                          f"{type(err).__name__}: {err}") from err
 
 
 def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
@@ -174,6 +185,7 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
     source, weights, ignored = load_source(directory, cfg.make_vocab_divisible_by)
     model = source.model
     model.validate_layout(cfg.parallel)
+    tokenizer = load_source_tokenizer(directory)  # before the (long) weight conversion: fail fast
     world = cfg.tensor_parallel * cfg.pipeline_parallel
     provenance = {"source": str(cfg.source), "resolved_path": str(directory.absolute()),
                   "model_type": source.model_type, "tied_embeddings_untied": source.tied_embeddings,
@@ -185,7 +197,10 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
         iter_dir.mkdir(parents=True)
         spawn(_write_worker, world, str(directory), model.to_dict(), asdict(cfg.parallel), cfg.dtype,
               source.tied_embeddings, str(iter_dir), cfg.progress)
-        identity, tok_class = _tokenizer_identity(directory, iter_dir / TOKENIZER_SUBDIR)
+        identity = tok_class = None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(iter_dir / TOKENIZER_SUBDIR))
+            identity, tok_class = tokenizer_identity(tokenizer), tokenizer.__class__.__name__
         final_tok = cfg.output.absolute() / "checkpoints" / iter_dir.name / TOKENIZER_SUBDIR
         run_config = {"model": model.to_dict(), "parallel": asdict(cfg.parallel), "precision": {"dtype": cfg.dtype},
                       "data": {"tokenizer": str(final_tok) if identity else None},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from convert_fixtures import hf_kwargs
+from convert_fixtures import hf_kwargs, make_tokenizer
 
 from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.convert.from_hf import ImportConfig, convert_from_hf
@@ -134,6 +134,7 @@ def _llama_dir(path: Path, seed=0, base_model=False, **config) -> Path:
     ("unsupported_model_type", UnsupportedModelError, "model_type 'qwen2' is not supported"),
     ("not_a_directory", SourceError, "not a model directory"),
     ("tp_splits_kv_heads", ValueError, "num_kv_heads 2 is not divisible by tensor_parallel 4"),
+    ("broken_tokenizer", SourceError, r"src: the tokenizer \(tokenizer.json.*JSONDecodeError"),
 ])
 def test_bad_hf_sources_are_refused_and_nothing_is_written(tmp_path, case, error, message):
     src = tmp_path / "src"
@@ -159,10 +160,30 @@ def test_bad_hf_sources_are_refused_and_nothing_is_written(tmp_path, case, error
     elif case == "tp_splits_kv_heads":
         _llama_dir(src, num_attention_heads=4)
         tp = 4
+    elif case == "broken_tokenizer":
+        _broken_tokenizer(_llama_dir(src))
     out = tmp_path / "out"
     with pytest.raises(error, match=message):
         convert_from_hf(ImportConfig(str(src), out, tensor_parallel=tp, progress=False))
     assert_untouched(out)
+
+
+def _broken_tokenizer(directory: Path) -> Path:
+    """A model directory whose tokenizer.json is truncated (an interrupted download)."""
+    make_tokenizer(directory)
+    tok = directory / "tokenizer.json"
+    tok.write_text(tok.read_text()[:300])
+    return directory
+
+
+def test_a_source_without_tokenizer_files_gets_a_warning_not_an_error(tmp_path, caplog):
+    from mlmclm.convert.from_hf import load_source_tokenizer
+
+    src = _llama_dir(tmp_path / "weights_only")
+    with caplog.at_level("WARNING"):
+        assert load_source_tokenizer(src) is None
+    assert "has no tokenizer" in caplog.text and str(src) in caplog.text and "--tokenizer" in caplog.text
+    assert load_source_tokenizer(make_tokenizer(src)) is not None
 
 
 def _tool(name: str):
@@ -179,8 +200,10 @@ def test_clis_exit_non_zero_with_the_error_and_write_nothing(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     biased = _llama_dir(tmp_path / "biased", attention_bias=True)
+    broken_tok = _broken_tokenizer(_llama_dir(tmp_path / "broken_tok"))
     for tool, source, message in (("convert_to_hf", empty, "holds no checkpoint"),
-                                  ("convert_from_hf", biased, "biases")):
+                                  ("convert_from_hf", biased, "biases"),
+                                  ("convert_from_hf", broken_tok, f"{broken_tok}: the tokenizer (tokenizer.json")):
         out = tmp_path / f"out_{tool}"
         assert _tool(tool).main([str(source), str(out)]) == 2
         err = capsys.readouterr().err
