@@ -7,7 +7,7 @@ So the samples and their order are the same for any DP size, TP/PP layout or mic
 global batch size G. `sample_ids` are stream positions (unique across epochs): MLM masking keys on them.
 
 Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts) on its
-first read, then kept decoded (tokens int32, document ids int16/int32) in a cache bounded by
+first read, then kept decoded (tokens as stored, uint16 or int32; document ids int16/int32) in a cache bounded by
 `LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are always kept, others are dropped
 least recently used first; a dropped shard is read and validated again when next needed. With the whole dataset
 in the cache, later epochs read no files. The next shard of the epoch is prefetched on a thread. A micro-batch
@@ -42,7 +42,7 @@ class LoaderConfig:
     seed: int = 1234
     skip_corrupt: bool = False  # skip (with a warning, counted) instead of raising on a corrupt shard
     prefetch: bool = True
-    # Decoded shards kept in memory (6 bytes per token for S <= 32768). The shards in use and the prefetched one
+    # Decoded shards kept in memory (4 bytes per token for uint16 data, 6 for int32, when S <= 32768). The shards in use and the prefetched one
     # are kept even past the bound; 0 keeps only those (each shard is then re-read every epoch).
     cache_bytes: int = 1 << 30
 
@@ -107,7 +107,8 @@ class PackedLoader:
         decoded shard is the same in every epoch."""
         info = self.manifest.shards[shard]
         seq_length = self.manifest.seq_length
-        tokens, starts = read_shard_starts(self.manifest.shard_url(info.name), info, seq_length, self._pad_id)
+        tokens, starts = read_shard_starts(self.manifest.shard_url(info.name), info, seq_length, self._pad_id,
+                                           self.manifest.dtype)
         if tokens.base is not None:   # a view of the file's mapping or buffer: own the data while it is cached
             tokens = tokens.copy()
         # A row holds at most S documents: int16 is exact up to S = 32768 (a quarter of int64's memory).
@@ -195,6 +196,11 @@ class PackedLoader:
                     filled += take
             self.consumed_samples += take
             n -= take
+
+    def take(self, n: int, out: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Advance this loader's own stream by n samples, writing them into `out` (tokens, document ids: [n, S]
+        int64) when given. For readers that interleave several streams (`mlmclm.data.blend`)."""
+        self._walk(n, out)
 
     def _skip_shard(self, shard: int, err: Exception) -> None:
         name = self.manifest.shards[shard].name

@@ -1,9 +1,13 @@
 """The index of a prepared dataset: one JSON file next to its webdataset shards.
 
 Shard layout (webdataset tar): each webdataset sample is a *block* of consecutive packed rows, stored as
-`<key>.tokens.npy` (int32 [rows, seq_length]) and `<key>.doc_starts.npy` (int64 flat positions `row * S + col`,
+`<key>.tokens.npy` (`dtype` [rows, seq_length]: uint16 when the vocabulary fits, else int32) and `<key>.doc_starts.npy` (int64 flat positions `row * S + col`,
 col > 0, where a new document begins inside a row). Blocks keep reading at memory speed; the manifest counts
 rows (samples), and `checksum` (sum of all token ids mod 2**64) lets the loader detect corrupt shards cheaply.
+
+Versions: v1 (int32 tokens only) is still read; v2 adds uint16 tokens and the partition fields: a *part* (one job of
+a partitioned preparation) records `partition` (index, count, docs per group) and `tails` (its groups' unpacked
+last rows, see `mlmclm.data.partition`); a merged manifest lists `parts` and names shards by relative path.
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 MANIFEST_NAME = "manifest.json"
-FORMAT = "mlmclm-packed-v1"
+FORMAT = "mlmclm-packed-v2"
+READABLE_FORMATS = ("mlmclm-packed-v1", FORMAT)
 
 
 @dataclass
@@ -37,6 +42,9 @@ class Manifest:
     command: str = ""
     inputs: list[str] = field(default_factory=list)
     format: str = FORMAT
+    partition: dict | None = None   # a part: {"index", "count", "group_docs"}
+    tails: dict | None = None       # a part: {"name", "groups", "tokens", "checksum"} of its tails file
+    parts: list[str] = field(default_factory=list)   # a merged dataset: its parts' directories (relative)
     location: str = field(default="", repr=False, compare=False)  # where it was loaded from (not saved)
 
     def __post_init__(self):
@@ -75,9 +83,13 @@ class Manifest:
             data = json.loads(text)
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read dataset manifest {location}: {err}") from err
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{location}: unknown manifest format {data.get('format')!r} (expected {FORMAT})")
-        manifest = cls(**data)
+        if not isinstance(data, dict) or data.get("format") not in READABLE_FORMATS:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"{location}: unknown manifest format {found!r} (readable: {', '.join(READABLE_FORMATS)})")
+        try:
+            manifest = cls(**data)
+        except TypeError as err:
+            raise ValueError(f"{location}: malformed manifest ({err})") from err
         manifest.location = location
         return manifest
 

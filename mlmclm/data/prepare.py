@@ -21,8 +21,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from mlmclm.data.shards import write_shard
-from mlmclm.data.sources import PrepareError, expand_inputs, read_documents
+from mlmclm.data.partition import PART_PATTERN, write_tails
+from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
+from mlmclm.data.sources import PrepareError, expand_inputs, hf_documents, iter_documents
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,17 @@ class PrepareConfig:
     docs_per_task: int = 512
     progress: bool = True
     command: str = ""
+    # A Hugging Face dataset instead of `inputs`: hub name, save_to_disk directory or load_dataset-able directory.
+    dataset: str | None = None
+    dataset_config: str | None = None
+    split: str = "train"
+    streaming: bool = False
+    # Partitioned preparation: this job prepares the document groups g with g % num_partitions == partition
+    # (a group is `group_docs` consecutive documents). See mlmclm.data.partition.
+    partition: int = 0
+    num_partitions: int = 1
+    group_docs: int = 100_000
+    token_dtype: str | None = None  # None: uint16 when the vocabulary fits, else int32
 
     def __post_init__(self):
         if not 2 <= self.seq_length <= 65536:
@@ -52,14 +64,35 @@ class PrepareConfig:
             raise PrepareError("samples_per_shard, rows_per_block and docs_per_task must be positive")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise PrepareError(f"max_tokens must be positive, got {self.max_tokens}")
-        if not self.inputs:
-            raise PrepareError("no inputs given")
+        if bool(self.inputs) == (self.dataset is not None):
+            raise PrepareError("give either inputs (files) or a dataset, not both" if self.inputs else
+                               "no inputs given")
+        if self.num_partitions < 1 or not 0 <= self.partition < self.num_partitions:
+            raise PrepareError(f"partition {self.partition} is not in [0, num_partitions={self.num_partitions})")
+        if self.group_docs < 1:
+            raise PrepareError(f"group_docs must be positive, got {self.group_docs}")
+        if self.token_dtype not in (None, *TOKEN_DTYPES):
+            raise PrepareError(f"token_dtype {self.token_dtype!r}: expected one of {sorted(TOKEN_DTYPES)}")
+
+    @property
+    def partitioned(self) -> bool:
+        return self.num_partitions > 1
+
+    def wanted(self, index: int) -> bool:
+        """Whether document number `index` belongs to this job."""
+        return (index // self.group_docs) % self.num_partitions == self.partition
 
 
 def prepare(cfg: PrepareConfig) -> Manifest:
-    files = expand_inputs(cfg.inputs)
-    docs = (text for path in files for text in read_documents(path, cfg.text_field))
-    return _prepare_documents(docs, cfg, inputs=[str(p) for p in files])
+    wanted = cfg.wanted if cfg.partitioned else None
+    if cfg.dataset is not None:
+        docs = hf_documents(cfg.dataset, cfg.dataset_config, cfg.split, cfg.streaming, cfg.text_field, wanted)
+        inputs = [f"hf:{cfg.dataset}" + (f":{cfg.dataset_config}" if cfg.dataset_config else "") + f"[{cfg.split}]"]
+    else:
+        files = expand_inputs(cfg.inputs)
+        docs = iter_documents(files, cfg.text_field, wanted)
+        inputs = [str(p) for p in files]
+    return _prepare_documents(docs, cfg, inputs=inputs)
 
 
 def prepare_embedded_corpus(output_dir, seq_length: int, max_tokens: int | None = None, **overrides) -> Manifest:
@@ -73,7 +106,8 @@ def prepare_embedded_corpus(output_dir, seq_length: int, max_tokens: int | None 
         inputs=["embedded:" + ",".join(w.key for w in works)], output_dir=str(output_dir),
         tokenizer=str(embedded_tokenizer_dir()), seq_length=seq_length, max_tokens=max_tokens, **overrides,
     )
-    return _prepare_documents((w.text for w in works), cfg, inputs=cfg.inputs)
+    docs = ((i, w.text if not cfg.partitioned or cfg.wanted(i) else None) for i, w in enumerate(works))
+    return _prepare_documents(docs, cfg, inputs=cfg.inputs)
 
 
 # --- tokenization in worker processes -------------------------------------------------------------------------
@@ -97,35 +131,42 @@ def _encode(texts: list[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
-def _batches(docs: Iterable[str], size: int) -> Iterator[list[str]]:
-    batch = []
-    for text in docs:
-        if text.strip():
-            batch.append(text)
-            if len(batch) == size:
-                yield batch
-                batch = []
+def _batches(docs: Iterable[tuple[int, str | None]], size: int,
+             group_docs: int) -> Iterator[tuple[int, list[str]]]:
+    """(group, texts) batches of the non-empty wanted documents; a batch never spans two groups."""
+    batch, group = [], None
+    for index, text in docs:
+        if text is None or not text.strip():
+            continue
+        if batch and (len(batch) == size or index // group_docs != group):
+            yield group, batch
+            batch = []
+        group = index // group_docs
+        batch.append(text)
     if batch:
-        yield batch
+        yield group, batch
 
 
-def _encoded(docs: Iterable[str], cfg: PrepareConfig, tokenizer_json: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(flat ids, lengths) per batch of documents, in input order; at most 2 batches per worker in flight."""
-    batches = _batches(docs, cfg.docs_per_task)
+def _encoded(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig,
+             tokenizer_json: str) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(group, flat ids, lengths) per batch of documents, in input order; at most 2 batches per worker in flight."""
+    batches = _batches(docs, cfg.docs_per_task, cfg.group_docs)
     if cfg.workers <= 1:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(tokenizer_json)
-        yield from (_encode(batch, tokenizer) for batch in batches)
+        yield from ((group, *_encode(batch, tokenizer)) for group, batch in batches)
         return
     with mp.get_context("spawn").Pool(cfg.workers, initializer=_init_worker, initargs=(tokenizer_json,)) as pool:
         pending = collections.deque()
-        for batch in batches:
-            pending.append(pool.apply_async(_encode, (batch,)))
+        for group, batch in batches:
+            pending.append((group, pool.apply_async(_encode, (batch,))))
             if len(pending) >= 2 * cfg.workers:
-                yield pending.popleft().get()
+                group, result = pending.popleft()
+                yield group, *result.get()
         while pending:
-            yield pending.popleft().get()
+            group, result = pending.popleft()
+            yield group, *result.get()
 
 
 # --- packing and writing --------------------------------------------------------------------------------------
@@ -155,6 +196,21 @@ class _Packer:
         self.starts.append(offsets + self.buffered)
         self.buffered += len(out)
         return len(out), len(offsets)
+
+    def add_tail(self, tokens: np.ndarray, starts: np.ndarray) -> None:
+        """Append another group's tail; where it joins the stream a new segment starts, whether or not a document
+        begins there (the tail may start inside a document whose beginning is elsewhere)."""
+        self.chunks.append(tokens)
+        self.starts.append(np.union1d([0], starts) + self.buffered)
+        self.buffered += len(tokens)
+
+    def take_tail(self) -> tuple[np.ndarray, np.ndarray]:
+        """The buffered remainder (less than a row, after `rows`) and its document starts; empties the buffer."""
+        stream = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int32)
+        starts = np.concatenate(self.starts) if self.starts else np.zeros(0, np.int64)
+        assert len(stream) < self.S, "take_tail before rows()"
+        self.chunks, self.starts, self.buffered = [], [], 0
+        return stream, starts.astype(np.int64)
 
     def rows(self, final: bool, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Complete rows from the buffer (and, if `final`, the padded remainder): tokens [n, S], flat doc starts."""
@@ -197,23 +253,34 @@ def _checked_tokenizer(cfg: PrepareConfig):
     return tokenizer, ident
 
 
-def _prepare_documents(docs: Iterable[str], cfg: PrepareConfig, inputs: list[str]) -> Manifest:
+def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig, inputs: list[str]) -> Manifest:
+    """Pack the documents group by group: each group's rows start at a row boundary; the last partial row of each
+    group (its *tail*) is packed with the other groups' tails, in group order, at the end of the stream. A
+    partitioned job writes its groups' full rows and saves its tails for the merge, which packs them exactly as a
+    single run does: the merged dataset holds the same rows."""
     tokenizer, ident = _checked_tokenizer(cfg)
+    dtype = cfg.token_dtype or token_dtype(ident["vocab_size"])
     out = Path(cfg.output_dir)
+    if cfg.partitioned:
+        out = out / PART_PATTERN.format(cfg.partition, cfg.num_partitions)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the old manifest must not describe a half-rewritten set
     for stale in out.glob("shard-*.tar.tmp"):
         stale.unlink()
 
-    packer = _Packer(cfg.seq_length, ident["bos_id"], ident["eos_id"])
+    S, pad_id = cfg.seq_length, ident["pad_id"]
+    packer = _Packer(S, ident["bos_id"], ident["eos_id"])
+    tails = _Packer(S, ident["bos_id"], ident["eos_id"])   # single run: the groups' tails, packed in group order
+    part_tails: list[tuple[int, np.ndarray, np.ndarray]] = []   # partitioned: (group, tokens, starts) for merge
     shards: list[ShardInfo] = []
     pending: list[tuple[np.ndarray, np.ndarray]] = []  # row groups not yet written
     pending_rows = written = num_docs = 0
+    group = None
 
     def queue_rows(tokens: np.ndarray, starts: np.ndarray) -> None:
         nonlocal pending_rows
         if len(tokens):
-            pending.append((tokens, starts + pending_rows * cfg.seq_length))  # flat offsets across `pending`
+            pending.append((tokens, starts + pending_rows * S))  # flat offsets across `pending`
             pending_rows += len(tokens)
 
     def flush(final: bool) -> None:
@@ -225,45 +292,65 @@ def _prepare_documents(docs: Iterable[str], cfg: PrepareConfig, inputs: list[str
             blocks = []
             for lo in range(0, take, cfg.rows_per_block):
                 hi = min(lo + cfg.rows_per_block, take)
-                sel = starts[(starts >= lo * cfg.seq_length) & (starts < hi * cfg.seq_length)]
-                blocks.append((tokens[lo:hi], sel - lo * cfg.seq_length))
-            shards.append(write_shard(out / f"shard-{len(shards):06d}.tar", blocks, ident["pad_id"]))
-            rest = starts[starts >= take * cfg.seq_length] - take * cfg.seq_length
+                sel = starts[(starts >= lo * S) & (starts < hi * S)]
+                blocks.append((tokens[lo:hi], sel - lo * S))
+            shards.append(write_shard(out / f"shard-{len(shards):06d}.tar", blocks, pad_id, dtype))
+            rest = starts[starts >= take * S] - take * S
             pending = [(tokens[take:], rest)] if take < len(tokens) else []
             pending_rows = len(tokens) - take
+
+    def end_group() -> None:
+        tokens, starts = packer.take_tail()
+        if not len(tokens):
+            return
+        if cfg.partitioned:
+            part_tails.append((group, tokens, starts))
+        else:
+            tails.add_tail(tokens, starts)
+            queue_rows(*tails.rows(final=False, pad_id=pad_id))
 
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, disable=not cfg.progress, desc="prepare")
     try:
-        for flat, lengths in _encoded(docs, cfg, _tokenizer_json(tokenizer)):
+        for batch_group, flat, lengths in _encoded(docs, cfg, _tokenizer_json(tokenizer)):
+            if batch_group != group:
+                end_group()
+                group = batch_group
             limit = None if cfg.max_tokens is None else cfg.max_tokens - written
             added, added_docs = packer.add(flat, lengths, limit)
             written += added
             num_docs += added_docs
             bar.update(added)
-            queue_rows(*packer.rows(final=False, pad_id=ident["pad_id"]))
+            queue_rows(*packer.rows(final=False, pad_id=pad_id))
             flush(final=False)
             if cfg.max_tokens is not None and written >= cfg.max_tokens:
                 break
-        if num_docs == 0:
+        if num_docs == 0 and not cfg.partitioned:
             raise PrepareError(f"empty corpus: no text in {', '.join(inputs) or 'the inputs'}")
-        queue_rows(*packer.rows(final=True, pad_id=ident["pad_id"]))
+        end_group()
+        if not cfg.partitioned:
+            queue_rows(*tails.rows(final=True, pad_id=pad_id))
         flush(final=True)
     finally:
         bar.close()
-    if not shards:
-        raise PrepareError(f"corpus too small: {written} tokens do not fill one row of {cfg.seq_length}")
+    if not shards and not cfg.partitioned:
+        raise PrepareError(f"corpus too small: {written} tokens do not fill one row of {S}")
+    if cfg.partitioned and num_docs == 0:
+        log.warning("partition %d of %d holds no documents", cfg.partition, cfg.num_partitions)
     for old in out.iterdir():  # shards of an earlier, larger run in this directory
         if SHARD_PATTERN.match(old.name) and int(old.name[6:12]) >= len(shards):
             old.unlink()
     manifest = Manifest(
-        seq_length=cfg.seq_length, num_samples=sum(s.num_samples for s in shards),
+        seq_length=S, num_samples=sum(s.num_samples for s in shards),
         num_tokens=sum(s.num_tokens for s in shards), tokenizer=ident, shards=shards, num_documents=num_docs,
-        command=cfg.command or repr(cfg), inputs=inputs,
+        dtype=dtype, command=cfg.command or repr(cfg), inputs=inputs,
     )
+    if cfg.partitioned:
+        manifest.partition = {"index": cfg.partition, "count": cfg.num_partitions, "group_docs": cfg.group_docs}
+        manifest.tails = write_tails(out, part_tails)
     manifest.save(out)
     manifest.location = str(out / MANIFEST_NAME)
-    log.info("prepared %d samples (%d tokens, %d documents) in %d shards under %s",
-             manifest.num_samples, manifest.num_tokens, num_docs, len(shards), out)
+    log.info("prepared %d samples (%d tokens, %d documents, %s) in %d shards under %s", manifest.num_samples,
+             manifest.num_tokens, num_docs, dtype, len(shards), out)
     return manifest

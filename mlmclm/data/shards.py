@@ -18,9 +18,19 @@ class ShardError(ValueError):
     """A shard is missing, truncated, corrupt or does not match the manifest."""
 
 
+TOKEN_DTYPES = {"uint16": np.uint16, "int32": np.int32}   # stored token dtypes (manifest `dtype`)
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The stored dtype for a vocabulary: uint16 when every id fits (as Megatron does), int32 otherwise."""
+    return "uint16" if vocab_size <= 1 << 16 else "int32"
+
+
 def token_checksum(tokens: np.ndarray, previous: int = 0) -> int:
-    """Sum of the token ids mod 2**64: catches corrupt or zeroed data at memory speed (crc32 is ~5x slower)."""
-    return (previous + int(np.add.reduce(tokens.reshape(-1).view(np.uint32), dtype=np.uint64))) % (1 << 64)
+    """Sum of the token ids mod 2**64: catches corrupt or zeroed data at memory speed (crc32 is ~5x slower).
+    The same value for the same ids stored as uint16 or int32 (ids are non-negative)."""
+    unsigned = tokens.reshape(-1).view(np.uint16 if tokens.dtype.itemsize == 2 else np.uint32)
+    return (previous + int(np.add.reduce(unsigned, dtype=np.uint64))) % (1 << 64)
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -29,9 +39,10 @@ def _npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_shard(path: Path, blocks: list[tuple[np.ndarray, np.ndarray]], pad_id: int | None) -> ShardInfo:
-    """Write `blocks` ([(tokens [n, S] int32, doc_starts int64)]) to `path` via a temporary name and a rename,
-    so a final name never holds a partial shard."""
+def write_shard(path: Path, blocks: list[tuple[np.ndarray, np.ndarray]], pad_id: int | None,
+                dtype: str = "int32") -> ShardInfo:
+    """Write `blocks` ([(tokens [n, S], doc_starts int64)]) to `path`, tokens stored as `dtype` (uint16/int32),
+    via a temporary name and a rename, so a final name never holds a partial shard."""
     from webdataset import TarWriter
 
     tmp = path.with_name(path.name + ".tmp")
@@ -39,14 +50,26 @@ def write_shard(path: Path, blocks: list[tuple[np.ndarray, np.ndarray]], pad_id:
     try:
         with open(tmp, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
             for tokens, starts in blocks:
+                tokens = _as_dtype(tokens, dtype)
                 writer.write({"__key__": f"{rows:08d}", TOKENS: _npy(tokens), DOC_STARTS: _npy(starts)})
-                checksum = token_checksum(np.ascontiguousarray(tokens, dtype=np.int32), checksum)
+                checksum = token_checksum(np.ascontiguousarray(tokens), checksum)
                 rows += len(tokens)
                 real += int(tokens.size if pad_id is None else np.count_nonzero(tokens != pad_id))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return ShardInfo(name=path.name, num_samples=rows, num_tokens=real, checksum=checksum)
+
+
+def _as_dtype(tokens: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype {dtype!r}: expected one of {sorted(TOKEN_DTYPES)}")
+    target = TOKEN_DTYPES[dtype]
+    if tokens.dtype == target:
+        return tokens
+    if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(target).max):
+        raise ValueError(f"token ids in [{tokens.min()}, {tokens.max()}] do not fit {dtype}")
+    return tokens.astype(target)
 
 
 def _open(url: str):
@@ -57,15 +80,16 @@ def _open(url: str):
     return open(url, "rb")
 
 
-def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """All rows of a shard: tokens [n, S] int32 and document ids [n, S] int64 (index of the document inside its
+def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
+               dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """All rows of a shard: tokens [n, S] (uint16 or int32, as stored; `dtype` checks it) and document ids [n, S] int64 (index of the document inside its
     row; 0 for the document the row starts in). Validated against the manifest; raises ShardError naming it."""
-    tokens, starts = read_shard_starts(url, info, seq_length, pad_id)
+    tokens, starts = read_shard_starts(url, info, seq_length, pad_id, dtype)
     return tokens, document_ids(starts, *tokens.shape)
 
 
-def read_shard_starts(url: str, info: ShardInfo, seq_length: int,
-                      pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
+                      dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Like `read_shard`, but returns the flat document starts (int64, as stored) instead of document ids, and
     tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way."""
     try:
@@ -75,7 +99,9 @@ def read_shard_starts(url: str, info: ShardInfo, seq_length: int,
     except (OSError, EOFError, tarfile.TarError, ValueError, KeyError) as err:
         raise ShardError(f"shard {url}: unreadable or truncated ({type(err).__name__}: {err})") from err
     problems = []
-    if len(tokens) != info.num_samples:
+    if dtype is not None and len(tokens) and tokens.dtype != TOKEN_DTYPES.get(dtype):
+        problems.append(f"tokens are {tokens.dtype}, manifest says {dtype}")
+    elif len(tokens) != info.num_samples:
         problems.append(f"{len(tokens)} samples, manifest says {info.num_samples}")
     elif token_checksum(tokens) != info.checksum:
         problems.append("token checksum differs from the manifest's (corrupt data)")
@@ -142,9 +168,12 @@ def _blocks(url: str, data, index, seq_length: int) -> tuple[np.ndarray, np.ndar
             if set(block) != {TOKENS, DOC_STARTS}:
                 raise ShardError(f"shard {url}: block {key} has members {sorted(block)}")
             tokens, starts = block[TOKENS], block[DOC_STARTS]
-            if tokens.ndim != 2 or tokens.shape[1] != seq_length or tokens.dtype != np.int32:
+            if tokens.ndim != 2 or tokens.shape[1] != seq_length or tokens.dtype not in (np.uint16, np.int32):
                 raise ShardError(f"shard {url}: block {key} has tokens {tokens.dtype}{list(tokens.shape)}, "
-                                 f"expected int32[n, {seq_length}] (sequence length mismatch?)")
+                                 f"expected uint16 or int32 [n, {seq_length}] (sequence length mismatch?)")
+            if token_blocks and tokens.dtype != token_blocks[0].dtype:
+                raise ShardError(f"shard {url}: block {key} has {tokens.dtype} tokens, earlier blocks "
+                                 f"{token_blocks[0].dtype}")
             if starts.size and (starts.min() < 0 or starts.max() >= tokens.size):
                 raise ShardError(f"shard {url}: block {key} has document starts outside the block")
             token_blocks.append(tokens)

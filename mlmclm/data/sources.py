@@ -1,5 +1,9 @@
 """Raw text inputs for prepare: .txt (one file = one document), .jsonl (one document per line, a text field),
-.parquet (a text column), each optionally gzip-compressed; a directory or a glob expands to those files."""
+.parquet (a text column), each optionally gzip-compressed; a directory or a glob expands to those files; or a
+Hugging Face dataset (hub name, `save_to_disk` directory, or a local directory `load_dataset` reads).
+
+Documents are numbered in input order (every record counts, also empty ones), so a partitioned preparation can
+choose its documents by number: `wanted(index)` false yields None in their place without parsing them."""
 from __future__ import annotations
 
 import glob
@@ -7,7 +11,7 @@ import gzip
 import io
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -48,17 +52,37 @@ def _open_text(path: Path):
     return open(path, encoding="utf-8")
 
 
-def read_documents(path: Path, text_field: str = "text") -> Iterator[str]:
-    """The documents of one input file. Errors name the file (and line or column)."""
+Wanted = Callable[[int], bool] | None
+
+
+def iter_documents(files: list[Path], text_field: str = "text",
+                   wanted: Wanted = None) -> Iterator[tuple[int, str | None]]:
+    """(document number, text) over all files; text is None for the documents `wanted` declines."""
+    index = 0
+    for path in files:
+        for text in read_documents(path, text_field, index, wanted):
+            yield index, text
+            index += 1
+
+
+def read_documents(path: Path, text_field: str = "text", first_index: int = 0,
+                   wanted: Wanted = None) -> Iterator[str | None]:
+    """The documents of one input file (None for those `wanted(first_index + i)` declines: not parsed). Errors
+    name the file (and line or column)."""
     kind = _kind(path)
+    index = first_index
     try:
         if kind == ".txt":
             with _open_text(path) as f:
-                yield f.read()
+                yield f.read() if wanted is None or wanted(index) else None
         elif kind == ".jsonl":
             with _open_text(path) as f:
                 for line_no, line in enumerate(f, 1):
                     if not line.strip():
+                        continue
+                    index += 1
+                    if wanted is not None and not wanted(index - 1):
+                        yield None
                         continue
                     try:
                         record = json.loads(line)
@@ -73,7 +97,9 @@ def read_documents(path: Path, text_field: str = "text") -> Iterator[str]:
                                            f"{type(record[text_field]).__name__}, not text")
                     yield record[text_field]
         elif kind == ".parquet":
-            yield from _parquet_documents(path, text_field)
+            for text in _parquet_documents(path, text_field):
+                yield text if wanted is None or wanted(index) else None
+                index += 1
         else:
             raise PrepareError(f"{path}: unsupported input type")
     except PrepareError:
@@ -98,4 +124,64 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
             not pa.types.is_large_string(table.schema_arrow.field(text_field).type):
         raise PrepareError(f"{path}: column {text_field!r} is {table.schema_arrow.field(text_field).type}, not text")
     for batch in table.iter_batches(columns=[text_field]):
-        yield from (text for text in batch.column(0).to_pylist() if text is not None)
+        yield from (text or "" for text in batch.column(0).to_pylist())   # null: an empty document
+
+
+# --- Hugging Face datasets --------------------------------------------------------------------------------------
+
+def hf_documents(name: str, config: str | None = None, split: str = "train", streaming: bool = False,
+                 text_field: str = "text", wanted: Wanted = None) -> Iterator[tuple[int, str | None]]:
+    """(document number, text) of a Hugging Face dataset split, like `iter_documents`. `name` is a hub name, a
+    directory written by `save_to_disk`, or a local directory of files `load_dataset` reads."""
+    dataset = _load_hf(name, config, split, streaming)
+    columns = dataset.column_names
+    if columns is not None and text_field not in columns:
+        raise PrepareError(f"dataset {name!r}: no field {text_field!r} (found {sorted(columns)}); "
+                           f"choose it with --text-field")
+    where = f"dataset {name!r} split {split!r}"
+    if streaming:
+        for index, record in enumerate(dataset):
+            if wanted is not None and not wanted(index):
+                yield index, None
+                continue
+            if text_field not in record:
+                raise PrepareError(f"{where} row {index}: no field {text_field!r} (found {sorted(record)})")
+            yield index, _text(record[text_field], where, index, text_field)
+        return
+    texts = dataset.select_columns([text_field])
+    step = 1024
+    for lo in range(0, len(texts), step):
+        hi = min(lo + step, len(texts))
+        if wanted is not None and not any(wanted(i) for i in range(lo, hi)):
+            yield from ((i, None) for i in range(lo, hi))
+            continue
+        for i, text in enumerate(texts[lo:hi][text_field], lo):
+            yield i, _text(text, where, i, text_field) if wanted is None or wanted(i) else None
+
+
+def _text(value, where: str, index: int, text_field: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PrepareError(f"{where} row {index}: field {text_field!r} is {type(value).__name__}, not text")
+    return value
+
+
+def _load_hf(name: str, config: str | None, split: str, streaming: bool):
+    import datasets
+
+    path = Path(name)
+    try:
+        if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
+            dataset = datasets.load_from_disk(str(path))     # written by save_to_disk
+            if isinstance(dataset, datasets.DatasetDict):
+                if split not in dataset:
+                    raise PrepareError(f"dataset {name!r}: no split {split!r} (found {sorted(dataset)})")
+                dataset = dataset[split]
+            return dataset.to_iterable_dataset() if streaming else dataset
+        return datasets.load_dataset(name, config, split=split, streaming=streaming)
+    except PrepareError:
+        raise
+    except Exception as err:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
+        raise PrepareError(f"cannot load dataset {name!r} (config {config!r}, split {split!r}): "
+                           f"{type(err).__name__}: {err}") from err

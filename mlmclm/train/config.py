@@ -34,12 +34,20 @@ class PhaseConfig:
 
 @dataclass
 class DataConfig:
-    path: str  # prepared shards: a directory, a manifest.json, or a URL webdataset can read
+    path: str | None = None  # prepared shards: a directory, a manifest.json, or a URL webdataset can read
     seed: int = 1234
     skip_corrupt: bool = False
     # The tokenizer that prepared the data ("embedded", a local directory or a hub name): checked against the
     # manifest at start, and copied next to exported Hugging Face models.
     tokenizer: str | None = None
+    blend: dict[str, float] | None = None  # instead of `path`: {dataset path: weight} (mlmclm.data.blend)
+
+    def __post_init__(self):
+        if (self.path is None) == (not self.blend):
+            raise ValueError("data: give exactly one of `path` (one dataset) or `blend` ({path: weight}, non-empty)")
+        if self.blend and any(isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0
+                              for w in self.blend.values()):
+            raise ValueError(f"data.blend: weights must be positive numbers, got {self.blend}")
 
 
 @dataclass

@@ -46,3 +46,16 @@ def dataset(tmp_path_factory, tok_dir, docs):
     prepare(PrepareConfig(inputs=[str(src / "docs.jsonl")], output_dir=str(out), tokenizer=str(tok_dir),
                           seq_length=32, samples_per_shard=100, rows_per_block=16, workers=1, progress=False))
     return out
+
+
+@pytest.fixture(scope="session")
+def dataset_b(tmp_path_factory, tok_dir):
+    """A second dataset with the same tokenizer and sequence length: 300 other documents, 60 rows per shard."""
+    from mlmclm.data.prepare import PrepareConfig, prepare
+
+    src = tmp_path_factory.mktemp("src_b")
+    write_jsonl(src / "docs.jsonl", make_docs(300, seed=5))
+    out = tmp_path_factory.mktemp("ds_b")
+    prepare(PrepareConfig(inputs=[str(src / "docs.jsonl")], output_dir=str(out), tokenizer=str(tok_dir),
+                          seq_length=32, samples_per_shard=60, rows_per_block=16, workers=1, progress=False))
+    return out
