@@ -1,5 +1,6 @@
-"""The recipe registry: named recipes (builder + fixed size + paper grid), registered as NeMo-Run factories
-for `pretrain_entry`, and the Markdown table of them that `python -m recipes --list-markdown` prints."""
+"""The recipe registry: named recipes (builder + fixed size), registered as NeMo-Run factories for
+`pretrain_entry`, and the Markdown table of them (with the paper-grid runs each one launches, from
+`recipes/grid.py`) that `python -m recipes --list-markdown` prints."""
 from __future__ import annotations
 
 import inspect
@@ -9,8 +10,8 @@ from typing import Any, Callable
 
 import nemo_run as run
 
-from recipes import paper, tiny
-from recipes.base import PAPER_SEQ_LENGTH, SIZES, validate, world_size
+from recipes import grid, paper, tiny
+from recipes.base import PAPER_RUN_ROOT, PAPER_SEQ_LENGTH, SIZES, validate, world_size
 from recipes.entry import pretrain_entry
 
 
@@ -20,7 +21,6 @@ class Recipe:
     builder: Callable[..., run.Partial]
     summary: str
     fixed: dict[str, Any] = field(default_factory=dict)  # arguments the name fixes (the size)
-    grid: dict[str, tuple] = field(default_factory=dict)  # the paper's values of free parameters
     example: dict[str, Any] = field(default_factory=dict)  # for required parameters, when listing/testing
     seq_length: int = PAPER_SEQ_LENGTH  # of the data the recipe expects (tokens per step in the table)
     prepare: Callable[[str], Any] | None = None  # local data preparation before launch (tiny recipes)
@@ -42,14 +42,16 @@ def _paper_recipes() -> list[Recipe]:
     recipes = []
     for size in SIZES:
         fixed = {"size": size}
+        # The paper ran biphasic and continued pretraining at 610m only; at other sizes they are our extension.
+        extension = "" if size == "610m" else " — our extension (the paper: 610m only)"
+        common = dict(fixed=fixed, seq_length=paper.SEQ_LENGTH)
         recipes += [
-            Recipe(f"mlm_{size}", paper.mlm, f"MLM from scratch, {size}", fixed,
-                   {"mask_ratio": paper.MASK_RATIOS}),
-            Recipe(f"clm_{size}", paper.clm, f"CLM from scratch, {size}", fixed),
-            Recipe(f"clm_mlm_{size}", paper.clm_mlm, f"CLM then MLM in one job (in-process switch), {size}", fixed,
-                   {"clm_share": paper.CLM_SHARES, "total_steps": paper.BIPHASIC_BUDGETS}),
-            Recipe(f"cpt_{size}", paper.cpt, f"continued MLM pretraining from a checkpoint, {size}", fixed,
-                   {"steps": paper.CPT_STEPS}, example={"init_from": f"/checkpoints/mlmclm/clm_{size}-42k"}),
+            Recipe(f"mlm_{size}", paper.mlm, f"MLM from scratch, {size}", **common),
+            Recipe(f"clm_{size}", paper.clm, f"CLM from scratch, {size}", **common),
+            Recipe(f"clm_mlm_{size}", paper.clm_mlm,
+                   f"CLM then MLM in one job (in-process switch), {size}{extension}", **common),
+            Recipe(f"cpt_{size}", paper.cpt, f"continued MLM pretraining from a checkpoint, {size}{extension}",
+                   example={"init_from": f"{PAPER_RUN_ROOT}/{paper.clm_name(size, 42_000)}"}, **common),
         ]
     return recipes
 
@@ -109,10 +111,19 @@ def _phases(cfg) -> str:
                       for p, s in zip(cfg.phases, steps))
 
 
+def paper_runs_by_recipe() -> dict[str, list[str]]:
+    """Names of the paper-grid runs (recipes/grid.py) each recipe launches."""
+    runs: dict[str, list[str]] = {}
+    for entry in grid.paper_grid():
+        runs.setdefault(entry.recipe, []).append(entry.name)
+    return runs
+
+
 def markdown_table() -> str:
     """One row per registered recipe, built with its defaults (and example values for required parameters)."""
+    paper_runs = paper_runs_by_recipe()
     lines = ["| Recipe | What it runs | Model | Phases (steps) | Schedule | Layout | Nodes × GPUs | "
-             "Micro × accum × DP | Tokens/step | Paper grid | Parameters |",
+             "Micro × accum × DP | Tokens/step | Paper-grid runs | Parameters |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for recipe in RECIPES.values():
         partial = recipe.build(**recipe.example)
@@ -120,13 +131,13 @@ def markdown_table() -> str:
         dp = cfg.parallel.data_parallel_size(world_size(partial))
         accum = cfg.num_microbatches(dp)
         sched = cfg.schedule
-        grid = "; ".join(f"{k} ∈ {{{', '.join(str(v) for v in vals)}}}" for k, vals in recipe.grid.items()) or "—"
+        grid_runs = ", ".join(f"`{n}`" for n in paper_runs.get(recipe.name, [])) or "—"
         params = ", ".join(f"`{k}`" for k in recipe.parameters())
         lines.append(
             f"| `{recipe.name}` | {recipe.summary} | {cfg.model.name} | {_phases(cfg)} | "
             f"{sched.style} warmup {sched.warmup_steps}, decay {sched.decay_steps} | {_layout(cfg)} | "
             f"{partial.nodes} × {partial.gpus_per_node} | {cfg.micro_batch_size} × {accum} × {dp} | "
-            f"{cfg.global_batch_size * recipe.seq_length:,} | {grid} | {params} |")
+            f"{cfg.global_batch_size * recipe.seq_length:,} | {grid_runs} | {params} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ def test_recipe_parameters_and_config_paths_reach_the_config():
     assert partial.nodes == 4 and cfg.micro_batch_size * cfg.num_microbatches(32) * 32 == 2304
     assert cfg.optimizer.lr == 3e-4 and cfg.checkpoint.save_interval == 250
     assert overrides.executor == {"partition": "batch"}
-    assert "12k" in cfg.run_dir and "clm50" in cfg.run_dir
+    assert cfg.run_dir.endswith("/610m-clm-6k-mlm30-12k")  # the released models' naming
 
 
 def test_the_executor_is_sized_by_the_recipe():

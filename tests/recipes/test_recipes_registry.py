@@ -39,12 +39,14 @@ def test_global_batch_in_tokens_is_fixed_across_node_counts(nodes):
     cfg = validate(partial)
     dp = nodes * 8  # TP=PP=CP=1 for this size
     assert cfg.global_batch_size == PAPER_GLOBAL_BATCH
-    assert cfg.micro_batch_size <= 12 and cfg.micro_batch_size * cfg.num_microbatches(dp) * dp == 2304
+    assert cfg.micro_batch_size <= 6 and cfg.micro_batch_size * cfg.num_microbatches(dp) * dp == 2304
 
 
-def test_four_node_610m_accumulates_six_micro_batches_of_twelve():
+def test_four_node_610m_accumulates_twelve_micro_batches_of_six_2048_token_sequences():
+    # base.SIZES budgets 12 × 1024 tokens per forward; the paper's 2048-token sequences halve the micro batch.
     cfg = validate(registry.get("clm_mlm_610m").build(nodes=4))
-    assert (cfg.micro_batch_size, cfg.num_microbatches(32)) == (12, 6)
+    assert (cfg.micro_batch_size, cfg.num_microbatches(32)) == (6, 12)
+    assert cfg.model.max_position_embeddings == 2048 and cfg.data.path.endswith("-2048")
 
 
 def test_micro_batch_choice_and_indivisible_node_count():
@@ -57,10 +59,21 @@ def test_switch_must_come_before_the_wsd_decay():
     # 95 % CLM of 12k steps leaves a 600-step MLM phase, shorter than the 2k decay.
     with pytest.raises(ValueError, match="before the WSD decay"):
         registry.get("clm_mlm_610m").build(clm_share=0.95, total_steps=12_000)
-    for share in (0.25, 0.5, 0.75):
-        for total in (12_000, 22_000, 42_000):
-            cfg = validate(registry.get("clm_mlm_210m").build(clm_share=share, total_steps=total))
-            assert cfg.schedule.decay_steps <= cfg.phase_steps()[-1]
+    with pytest.raises(ValueError, match="before the WSD decay"):
+        registry.get("clm_mlm_610m").build(clm_steps=40_001)
+
+
+@pytest.mark.parametrize("total, shares_to_steps", [
+    (12_000, [3_000, 6_000, 9_000]), (22_000, [5_000, 11_000, 17_000]), (42_000, [10_000, 21_000, 32_000])])
+def test_biphasic_clm_steps_are_the_papers_whole_thousands(total, shares_to_steps):
+    # round(share × total) would give 5 500 / 16 500 at 22k and 10 500 / 31 500 at 42k
+    for share, steps in zip((0.25, 0.5, 0.75), shares_to_steps):
+        by_share = validate(registry.get("clm_mlm_610m").build(clm_share=share, total_steps=total))
+        by_steps = validate(registry.get("clm_mlm_610m").build(clm_steps=steps, total_steps=total))
+        assert by_share.phase_steps() == by_steps.phase_steps() == [steps, total - steps]
+        assert by_share.run_dir.endswith(f"/610m-clm-{steps // 1000}k-mlm40-{total // 1000}k")
+    with pytest.raises(ValueError, match="not both"):
+        registry.get("clm_mlm_610m").build(clm_steps=3_000, clm_share=0.25)
 
 
 def test_bad_inputs_have_clear_errors():
@@ -72,6 +85,8 @@ def test_bad_inputs_have_clear_errors():
         registry.get("cpt_210m").build()
     with pytest.raises(ValueError, match="mask_ratio"):
         registry.get("mlm_210m").build(mask_ratio=1.5)
+    with pytest.raises(ValueError, match="clm_steps must be between"):
+        registry.get("clm_mlm_610m").build(clm_steps=42_000)
 
 
 def test_paper_defaults_reach_the_config():
@@ -80,6 +95,7 @@ def test_paper_defaults_reach_the_config():
     assert (cfg.optimizer.weight_decay, cfg.optimizer.clip_grad, cfg.optimizer.lr) == (0.1, 1.0, 5e-4)
     assert (cfg.schedule.style, cfg.schedule.warmup_steps, cfg.schedule.decay_steps) == ("wsd", 2000, 2000)
     assert (cfg.total_steps, cfg.model.vocab_size, cfg.model.rope_theta) == (42_000, 128256, 10_000.0)
+    assert cfg.model.max_position_embeddings == 2048 and cfg.run_dir == "/checkpoints/mlmclm/1b-mlm40-42k"
     assert cfg.phases[0].objective.mask_mode == "mask_only" and cfg.phases[0].objective.mask_ratio == 0.4
     assert cfg.precision.fp8 == "hybrid" and cfg.precision.fp8_attention == "auto"
 

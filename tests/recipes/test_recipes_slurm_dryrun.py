@@ -2,26 +2,33 @@
 from pathlib import Path
 
 import fiddle as fdl
+import pytest
 from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
 
-from cluster.executors import DEFAULT_IMAGE
+from cluster.executors import BASE_IMAGE
 from recipes.__main__ import main
+
+IMAGE = "/lustre/images/mlmclm.sqsh"
 
 
 def test_slurm_dryrun_writes_the_sbatch_script(nemo_home, tmp_path, capsys):
     rc = main(["clm_mlm_610m", "nodes=4", "clm_share=0.5", "total_steps=22000", "--executor", "slurm",
                "executor.account=acct", "executor.partition=h100", f"executor.job_dir={tmp_path / 'jobs'}",
-               "executor.data_dir=/lustre/fineweb", "executor.checkpoint_dir=/lustre/ckpt", "--dryrun"])
+               "executor.data_dir=/lustre/fineweb", "executor.checkpoint_dir=/lustre/ckpt",
+               f"executor.container_image={IMAGE}", "--dryrun"])
     assert rc == 0
     (script,) = Path(nemo_home).rglob("clm_mlm_610m_sbatch.sh")
     text = script.read_text()
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --account=acct", "#SBATCH --partition=h100", "#SBATCH --exclusive",
                  "#SBATCH --signal=USR1@120", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+                 # 8 ranks per node: the torchrun task gets 8 cores per GPU, not Slurm's default single CPU.
+                 "#SBATCH --cpus-per-task=64",
                  "export TORCHX_MAX_RETRIES=3"):
         assert line in text.splitlines(), line
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert f"--container-image {DEFAULT_IMAGE}" in srun
+    assert f"--container-image {IMAGE}" in srun
+    assert {"--cpus-per-task=64", "--cpu-bind=cores"} <= set(srun.split())  # srun does not inherit sbatch's
     assert "/lustre/fineweb:/data,/lustre/ckpt:/checkpoints" in srun
     assert ("torchrun --rdzv-backend c10d --rdzv-endpoint $head_node_ip:29500" in srun
             and "--nnodes 4 --nproc-per-node 8 --node-rank $SLURM_NODEID" in srun)
@@ -33,7 +40,8 @@ def test_slurm_dryrun_writes_the_sbatch_script(nemo_home, tmp_path, capsys):
     cfg = fdl.build(partial.config)
     assert (partial.nodes, partial.gpus_per_node) == (4, 8)
     assert cfg.model.name == "eurobert-610m" and [p.objective.kind for p in cfg.phases] == ["clm", "mlm"]
-    assert cfg.phase_steps() == [11_000, 11_000] and (cfg.micro_batch_size, cfg.num_microbatches(32)) == (12, 6)
+    # 2048-token sequences: micro batches of 6 (12 × 1024 tokens per forward), accumulated 12 times
+    assert cfg.phase_steps() == [11_000, 11_000] and (cfg.micro_batch_size, cfg.num_microbatches(32)) == (6, 12)
     assert cfg.run_dir.startswith("/checkpoints/") and cfg.data.path.startswith("/data/")
     assert "experiment directory" in capsys.readouterr().out
 
@@ -49,4 +57,30 @@ def test_slurm_dryrun_of_a_chain_adds_the_dependent_task(nemo_home, tmp_path):
     assert "#SBATCH --nodes=2" in scripts["cpt_610m_sbatch.sh"]
     (serialised,) = Path(nemo_home).rglob("configs/cpt_610m_fn_or_script")
     cpt = fdl.build(ZlibJSONSerializer().deserialize(serialised.read_text()).config)
-    assert cpt.checkpoint.init_from == "/checkpoints/mlmclm/clm_610m-31k"
+    assert cpt.checkpoint.init_from == "/checkpoints/mlmclm/610m-clm-31.5k"
+
+
+@pytest.mark.parametrize("image_args, message", [
+    ([], "needs a container image with mlmclm installed"),
+    ([f"executor.container_image={BASE_IMAGE}"], "is a bare NGC PyTorch image"),
+])
+def test_slurm_launch_without_an_mlmclm_image_is_refused_at_submission(nemo_home, tmp_path, capsys, monkeypatch,
+                                                                       image_args, message):
+    monkeypatch.delenv("MLMCLM_CONTAINER_IMAGE", raising=False)
+    rc = main(["clm_mlm_610m", "nodes=4", "--executor", "slurm", "executor.account=acct",
+               f"executor.job_dir={tmp_path / 'jobs'}", *image_args, "--dryrun"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and "MLMCLM_CONTAINER_IMAGE" in err and "cluster/Dockerfile" in err
+    assert not list(Path(nemo_home).rglob("*_sbatch.sh"))  # nothing written, nothing submitted
+
+
+def test_slurm_cpus_per_task_is_configurable_and_checked(nemo_home, tmp_path, capsys):
+    common = ["clm_mlm_610m", "nodes=1", "--executor", "slurm", "executor.account=acct",
+              f"executor.job_dir={tmp_path / 'jobs'}", "--dryrun"]
+    assert main([*common, "executor.cpus_per_task=96"]) == 0
+    (script,) = Path(nemo_home).rglob("clm_mlm_610m_sbatch.sh")
+    text = script.read_text()
+    assert "#SBATCH --cpus-per-task=96" in text.splitlines() and "--cpus-per-task=96 --cpu-bind=cores" in text
+    assert main([*common, "executor.cpus_per_task=4"]) == 2
+    assert "cpus_per_task 4 is fewer than the 8 ranks" in capsys.readouterr().err

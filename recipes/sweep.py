@@ -1,0 +1,242 @@
+"""One command for a whole experiment grid: plan, then launch (or dry-run) every run as one NeMo-Run experiment.
+
+    python -m recipes.sweep paper --plan                                     # the table only
+    python -m recipes.sweep paper --executor slurm --dryrun executor.account=acct
+    python -m recipes.sweep paper --executor slurm --only '610m-*' executor.account=acct --detach
+    python -m recipes.sweep tiny --run-root runs/grid --data-path runs/demo_data   # CPU, scaled down
+
+The plan lists every run (steps per phase, tokens, GPU-hours from `mlmclm.flops` at a stated MFU) and its state.
+Finished runs (latest checkpoint = total steps) are skipped; unfinished ones are launched again and resume from
+their run directory. A run that continues another's decayed checkpoint (`after`) depends on it: on Slurm through
+an `afterok` dependency, locally by running after it. `key=value` items are recipe parameters for every run that
+takes them (`nodes=12`) or `executor.KEY=VALUE`.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import nemo_run as run
+
+from mlmclm import flops
+from mlmclm.config_io import parse_value
+from recipes import grid as grids
+from recipes import launch, registry
+from recipes.base import PAPER_RUN_ROOT, validate
+from recipes.tiny import TINY_RUN_ROOT
+
+DEFAULT_MFU = 0.40  # assumed model-FLOPs utilisation for the GPU-hours estimate (not measured)
+DEFAULT_PEAK = "H100"  # dense bf16 peak of this GPU (mlmclm/flops.py)
+RUN_ROOTS = {"paper": PAPER_RUN_ROOT, "tiny": f"{TINY_RUN_ROOT}/grid"}
+
+
+@dataclass
+class PlannedRun:
+    entry: grids.GridRun
+    partial: run.Partial
+    phases: list[tuple[str, int]]  # (objective, steps)
+    total_steps: int
+    tokens: float
+    gpu_hours: float
+    state: str  # "new", "partial N/M", "finished", "unknown" (run dir not visible from here)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+
+def _checkpointed_step(run_dir: Path) -> int | None:
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    if not latest.exists():
+        return None
+    text = latest.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def host_run_dir(run_dir: str, checkpoint_dir: str | None) -> Path | None:
+    """Where this machine sees a run directory: container paths under /checkpoints map to the executor's
+    checkpoint_dir; None when it cannot be seen from here."""
+    from cluster.executors import CHECKPOINT_MOUNT_TARGET
+
+    if run_dir == CHECKPOINT_MOUNT_TARGET or run_dir.startswith(CHECKPOINT_MOUNT_TARGET + "/"):
+        if not checkpoint_dir:
+            return None
+        return Path(checkpoint_dir) / run_dir.removeprefix(CHECKPOINT_MOUNT_TARGET).lstrip("/")
+    return Path(run_dir)
+
+
+def run_state(run_dir: Path | None, total_steps: int) -> str:
+    if run_dir is None:
+        return "unknown"
+    step = _checkpointed_step(run_dir)
+    if step is None:
+        return "new"
+    return "finished" if step >= total_steps else f"partial {step}/{total_steps}"
+
+
+def _split_items(items: list[str]) -> tuple[dict, dict]:
+    params, executor = {}, {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not of the form key=value")
+        target = executor if key.startswith("executor.") else params
+        target[key.removeprefix("executor.")] = parse_value(raw)
+    return params, executor
+
+
+def build_plan(grid_name: str, *, params: dict | None = None,
+               run_root: str | None = None, data_path: str | None = None, checkpoint_dir: str | None = None,
+               mfu: float = DEFAULT_MFU, peak: str = DEFAULT_PEAK) -> list[PlannedRun]:
+    """Every run of the grid, built and validated, with its cost and state."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
+    entries = grids.get_grid(grid_name)
+    params = dict(params or {})
+    unused = set(params) - {p for e in entries for p in registry.get(e.recipe).parameters()}
+    if unused:
+        raise ValueError(f"parameter(s) {sorted(unused)} are taken by no recipe of grid {grid_name!r}")
+    root = (run_root or RUN_ROOTS[grid_name]).rstrip("/")
+    peak_flops = flops.peak_flops("bf16", peak)
+    run_dirs = {e.name: f"{root}/{e.name}" for e in entries}
+    planned = []
+    for entry in entries:
+        recipe = registry.get(entry.recipe)
+        accepted = recipe.parameters()
+        values = {**entry.params, **{k: v for k, v in params.items() if k in accepted}, "run_dir": run_dirs[entry.name]}
+        if data_path:
+            values["data_path"] = data_path
+        if entry.after:
+            values["init_from"] = run_dirs[entry.after]
+        partial = recipe.build(**values)
+        cfg = validate(partial)
+        steps = cfg.phase_steps()
+        phases = [(p.objective.kind, s) for p, s in zip(cfg.phases, steps)]
+        seq = recipe.seq_length
+        total_flops = sum(s * flops.flops_per_step(cfg.model, seq, cfg.global_batch_size, causal=kind == "clm")
+                          for kind, s in phases)
+        gpu_hours = total_flops / (mfu * peak_flops) / 3600
+        state = run_state(host_run_dir(cfg.run_dir, checkpoint_dir), cfg.total_steps)
+        planned.append(PlannedRun(entry, partial, phases, cfg.total_steps, cfg.total_steps * cfg.global_batch_size
+                                  * seq, gpu_hours, state))
+    return planned
+
+
+def select(planned: list[PlannedRun], only: list[str] | None) -> list[PlannedRun]:
+    """The runs whose names match one of the `only` shell patterns (all when None)."""
+    if not only:
+        return planned
+    chosen = [p for p in planned if any(fnmatch.fnmatchcase(p.entry.name, pattern) for pattern in only)]
+    if not chosen:
+        raise ValueError(f"--only {only} matches no run of the grid")
+    return chosen
+
+
+def to_launch(planned: list[PlannedRun], all_runs: list[PlannedRun] | None = None) -> list[PlannedRun]:
+    """The unfinished runs, refusing one whose parent is neither finished nor launched with it."""
+    launching = [p for p in planned if not p.finished]
+    names = {p.entry.name for p in launching}
+    states = {p.entry.name: p for p in (all_runs or planned)}
+    for p in launching:
+        parent = p.entry.after
+        if parent and parent not in names and not (parent in states and states[parent].finished):
+            raise ValueError(f"{p.entry.name} continues {parent}, which has not finished and is not selected; "
+                             f"add it to --only (or let it finish first)")
+    return launching
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def plan_table(planned: list[PlannedRun], mfu: float, peak: str) -> str:
+    lines = [f"{'run':<30} {'phases (steps)':<26} {'tokens':>9} {'GPU-h':>8} {'after':<16} state"]
+    for p in planned:
+        phases = " → ".join(f"{kind} {steps}" for kind, steps in p.phases)
+        lines.append(f"{p.entry.name:<30} {phases:<26} {p.tokens / 1e9:>8.1f}B {_hours(p.gpu_hours):>8} "
+                     f"{p.entry.after or '-':<16} {p.state}")
+    todo = [p for p in planned if not p.finished]
+    lines.append(f"{len(planned)} runs, {sum(p.tokens for p in planned) / 1e9:,.1f}B tokens, "
+                 f"{_hours(sum(p.gpu_hours for p in planned))} GPU-hours at {mfu:.0%} MFU of the {peak} bf16 peak "
+                 f"(assumed, not measured); to launch: {len(todo)} runs, {_hours(sum(p.gpu_hours for p in todo))} "
+                 f"GPU-hours")
+    return "\n".join(lines)
+
+
+def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: dict | None = None,
+                title: str = "sweep", dryrun: bool = False, detach: bool = False) -> run.Experiment:
+    """One experiment: on Slurm each continued run depends (afterok) on its parent's job and the others start
+    together; locally the runs go one after the other in grid order (parents first)."""
+    with run.Experiment(title, log_level="WARN") as exp:
+        job_ids: dict[str, str] = {}
+        for p in runs:
+            executor = launch.make_executor(executor_kind, p.partial, executor_options)
+            after = p.entry.after
+            depends = [job_ids[after]] if executor_kind == "slurm" and after in job_ids else None
+            job_ids[p.entry.name] = exp.add(p.partial, executor=executor, name=p.entry.name, dependencies=depends)
+        if dryrun:
+            exp.dryrun(log=False, delete_exp_dir=False)  # the scripts are written; 38 printed would drown the plan
+        else:
+            exp.run(sequential=executor_kind != "slurm", detach=detach, tail_logs=False)
+    if not dryrun and not detach:
+        failed = {name: str(info["status"]) for name, info in exp.status(return_dict=True).items()
+                  if str(info["status"]) != "SUCCEEDED"}
+        if failed:
+            raise launch.TaskFailedError(f"experiment {exp._id}: run(s) did not succeed: {failed}; logs under "
+                                         f"{exp._exp_dir}")
+    return exp
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
+    parser = argparse.ArgumentParser(prog="python -m recipes.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("grid", choices=sorted(grids.GRIDS))
+    parser.add_argument("overrides", nargs="*", help="recipe parameters for every run, or executor.KEY=VALUE")
+    parser.add_argument("--executor", choices=launch.EXECUTORS, default="local")
+    parser.add_argument("--only", nargs="+", metavar="PATTERN", help="run names or shell patterns ('610m-clm-*')")
+    parser.add_argument("--plan", action="store_true", help="print the plan, launch nothing")
+    parser.add_argument("--dryrun", action="store_true", help="write the launch scripts, submit nothing")
+    parser.add_argument("--detach", action="store_true", help="return after submitting (Slurm)")
+    parser.add_argument("--run-root", help="parent of the run directories (default: the grid's)")
+    parser.add_argument("--data-path", help="prepared data for every run (default: each recipe's)")
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="for the GPU-hours estimate")
+    parser.add_argument("--name", help="experiment title (default: sweep-GRID)")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        params, executor = _split_items(args.overrides)
+        checkpoint_dir = executor.get("checkpoint_dir")
+        if checkpoint_dir is None and args.executor == "slurm":
+            from cluster.executors import _setting
+
+            checkpoint_dir = _setting("checkpoint_dir", None)
+        everything = build_plan(args.grid, params=params, run_root=args.run_root, data_path=args.data_path,
+                                checkpoint_dir=checkpoint_dir, mfu=args.mfu)
+        planned = select(everything, args.only)
+        print(plan_table(planned, args.mfu, DEFAULT_PEAK))
+        if args.plan:
+            return 0
+        runs = to_launch(planned, everything)
+        if not runs:
+            print("nothing to launch: every selected run has finished")
+            return 0
+        if args.executor == "local" and not args.dryrun:
+            launch.prepare_local_data([p.entry.recipe for p in runs], [p.partial for p in runs])
+        exp = launch_plan(runs, args.executor, executor, title=args.name or f"sweep-{args.grid}",
+                          dryrun=args.dryrun, detach=args.detach)
+    except (ValueError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except launch.TaskFailedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"experiment directory: {exp._exp_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
