@@ -12,9 +12,12 @@ from pathlib import Path
 
 import nemo_run as run
 
-# An NGC PyTorch image: CUDA, NCCL, Transformer Engine and apex built against its torch (cluster/Dockerfile adds
-# mlmclm on top; point MLMCLM_CONTAINER_IMAGE at that image once built).
-DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:25.09-py3"
+# The NGC PyTorch image cluster/Dockerfile builds on (CUDA, NCCL, Transformer Engine and apex built against its
+# torch). It is not a runnable default: it has neither mlmclm, nemo_run nor megatron-core 0.19, so a job on it fails
+# on the nodes. The image to run is the one built from cluster/Dockerfile (MLMCLM_CONTAINER_IMAGE).
+BASE_IMAGE = "nvcr.io/nvidia/pytorch:26.06-py3"
+BARE_NGC_PREFIX = "nvcr.io/nvidia/pytorch:"
+CPUS_PER_GPU = 8  # default CPU cores per GPU rank for the node's torchrun task (data loading, host-side work)
 DATA_MOUNT_TARGET, CHECKPOINT_MOUNT_TARGET = "/data", "/checkpoints"  # the paper recipes' default paths
 
 # name -> (environment variable, default, help)
@@ -22,7 +25,10 @@ SETTINGS: dict[str, tuple[str, str | None, str]] = {
     "account": ("MLMCLM_SLURM_ACCOUNT", None, "Slurm account (required)"),
     "partition": ("MLMCLM_SLURM_PARTITION", None, "Slurm partition"),
     "time": ("MLMCLM_SLURM_TIME", "04:00:00", "wall-clock limit per job; resume continues after it"),
-    "container_image": ("MLMCLM_CONTAINER_IMAGE", DEFAULT_IMAGE, "pyxis/enroot image (squashfs path or registry)"),
+    "container_image": ("MLMCLM_CONTAINER_IMAGE", None,
+                        "pyxis/enroot image built from cluster/Dockerfile (squashfs path or registry; required)"),
+    "cpus_per_task": ("MLMCLM_SLURM_CPUS_PER_TASK", None,
+                      f"CPU cores for each node's torchrun task and its ranks (default {CPUS_PER_GPU} per GPU)"),
     "data_dir": ("MLMCLM_DATA_DIR", None, f"host directory mounted at {DATA_MOUNT_TARGET}"),
     "checkpoint_dir": ("MLMCLM_CHECKPOINT_DIR", None, f"host directory mounted at {CHECKPOINT_MOUNT_TARGET}"),
     "job_dir": ("MLMCLM_SLURM_JOB_DIR", None, "shared directory for NeMo-Run's sbatch scripts and logs"),
@@ -39,7 +45,7 @@ def _setting(name: str, value):
 
 
 def settings() -> str:
-    return "\n".join(f"  {env:<24} {name:<16} {help}" + (f" (default {default})" if default else "")
+    return "\n".join(f"  {env:<28} {name:<16} {help}" + (f" (default {default})" if default else "")
                      for name, (env, default, help) in SETTINGS.items())
 
 
@@ -79,6 +85,7 @@ def slurm_executor(
     partition: str | None = None,
     time: str | None = None,
     container_image: str | None = None,
+    cpus_per_task: int | None = None,
     data_dir: str | None = None,
     checkpoint_dir: str | None = None,
     job_dir: str | None = None,
@@ -103,6 +110,10 @@ def slurm_executor(
                          f"{SETTINGS['account'][0]}")
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes} and {gpus_per_node}")
+    image = container_image_for_slurm(_setting("container_image", container_image))
+    cpus = int(_setting("cpus_per_task", cpus_per_task) or CPUS_PER_GPU * gpus_per_node)
+    if cpus < gpus_per_node:
+        raise ValueError(f"cpus_per_task {cpus} is fewer than the {gpus_per_node} ranks torchrun starts per node")
     job_dir = _setting("job_dir", job_dir) or str(Path.home() / ".nemo_run" / "slurm_jobs")
     host = _setting("host", host)
     tunnel = (run.SSHTunnel(host=host, user=_setting("user", user) or os.environ.get("USER", ""), job_dir=job_dir)
@@ -118,10 +129,15 @@ def slurm_executor(
         time=_setting("time", time),
         nodes=nodes,
         ntasks_per_node=1,  # one torchrun agent per node; it starts gpus_per_node ranks
+        # Slurm gives a task 1 CPU unless told otherwise, and srun binds it there: all 8 ranks (and their loader
+        # threads) would share one core. The task gets `cpus` cores and is bound to exactly those. srun repeats
+        # --cpus-per-task because since Slurm 22.05 it no longer inherits sbatch's value.
+        cpus_per_task=cpus,
+        srun_args=[f"--cpus-per-task={cpus}", "--cpu-bind=cores"],
         gpus_per_node=gpus_per_node,
         exclusive=exclusive,  # whole nodes: NVLink/IB topology and memory are not shared with other jobs
         signal=f"USR1@{preemption_notice_s}",  # the trainer saves on SIGUSR1 and exits; resubmit resumes
-        container_image=_setting("container_image", container_image),
+        container_image=image,
         container_mounts=container_mounts,
         env_vars={**SLURM_ENV, **(env or {})},
         tunnel=tunnel,
@@ -132,3 +148,17 @@ def slurm_executor(
         retries=max_requeues,  # NeMo-Run's sbatch script requeues itself while SLURM_RESTART_COUNT < retries
     )
     return executor
+
+
+def container_image_for_slurm(image: str | None) -> str:
+    """The image the Slurm job runs in: one built from cluster/Dockerfile. Refused here, at submission, when it is
+    missing or is the bare NGC image, which would fail on the nodes (no mlmclm, nemo_run or megatron-core 0.19)."""
+    build = ("build cluster/Dockerfile (cluster/README.md, 'First launch') and export "
+             f"{SETTINGS['container_image'][0]}=<registry>/mlmclm:<tag> or a .sqsh path (or pass "
+             "executor.container_image=...)")
+    if not image:
+        raise ValueError(f"slurm_executor needs a container image with mlmclm installed: {build}")
+    if image.startswith(BARE_NGC_PREFIX):
+        raise ValueError(f"container image {image} is a bare NGC PyTorch image: it has neither mlmclm, nemo_run nor "
+                         f"megatron-core 0.19, so the job would fail on the nodes; {build}")
+    return image

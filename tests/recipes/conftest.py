@@ -19,6 +19,13 @@ def nemo_home(tmp_path, monkeypatch):
     run.config.set_nemorun_home(previous)
 
 
+@pytest.fixture(autouse=True)
+def slurm_container_image(monkeypatch):
+    """Slurm executors refuse to build without an mlmclm image (cluster.executors.container_image_for_slurm); the
+    dry runs here use a placeholder one. Tests of that refusal delete it."""
+    monkeypatch.setenv("MLMCLM_CONTAINER_IMAGE", "/images/mlmclm-test.sqsh")
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     from recipes.tiny import prepare_tiny_data
