@@ -4,6 +4,10 @@
     python benchmarks/loader.py                       # embedded corpus, prepared into a temporary directory
     python benchmarks/loader.py --data DIR --seq-length 1024 --global-batch 256 --epochs 3
 
+Token storage: with the embedded corpus (8192-id vocabulary) the dataset is prepared twice, with uint16 tokens
+(the default when the vocabulary fits) and with int32 tokens; shard bytes are printed for both and the loader
+runs on both, interleaved with the other sides ("PackedLoader int32 ...").
+
 What each side does, per global batch of G rows (one micro-batch of G rows, one process):
 
 * raw, in order, tokens            -- a slice of G consecutive rows of one .npy memmap of every row (int32),
@@ -122,6 +126,11 @@ def main() -> None:
 
             data = str(Path(tmp) / "data")
             prepare_embedded_corpus(data, args.seq_length, samples_per_shard=1024, progress=False)
+            data32 = str(Path(tmp) / "data_int32")
+            prepare_embedded_corpus(data32, args.seq_length, samples_per_shard=1024, progress=False,
+                                    token_dtype="int32")
+        else:
+            data32 = None
         manifest = Manifest.load(data)
         tokens, docs = raw_memmaps(manifest, Path(tmp))
         batches = max(1, int(args.epochs * manifest.num_samples / gbs))
@@ -146,6 +155,9 @@ def main() -> None:
                 kw = {"prefetch": prefetch} | ({} if cache == "default" else {"cache_bytes": cache})
                 sides[f"PackedLoader cache={cache!s:7} prefetch={prefetch!s:5}"] = \
                     loader_batches(data, gbs, args.seed, **kw)
+                if data32 is not None and prefetch:
+                    sides[f"PackedLoader int32 cache={cache!s:7} prefetch={prefetch!s:5}"] = \
+                        loader_batches(data32, gbs, args.seed, **kw)
         # Take turns, a chunk of batches each, so that load changes on a shared machine hit every side alike.
         seconds, tokens_seen = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0)
         chunks = {name: [] for name in sides}
@@ -161,12 +173,19 @@ def main() -> None:
             done += n
         for it in sides.values():
             it.close()
+        storage = {}   # token dtype -> (shard bytes, token positions)
+        for d in filter(None, (data, data32)):
+            m = Manifest.load(d)
+            storage[m.dtype] = (sum(Path(m.shard_url(s.name)).stat().st_size for s in m.shards),
+                                m.num_samples * m.seq_length)
     total = {name: tokens_seen[name] / seconds[name] for name in sides}
     median = {name: args.global_batch * manifest.seq_length / float(np.median(c)) for name, c in chunks.items()}
     load = os.getloadavg()
     print(f"cores: {os.cpu_count()} (usable {len(os.sched_getaffinity(0))}, load avg {load[0]:.1f})  "
           f"torch threads: {torch.get_num_threads()}  rows: {manifest.num_samples} x {manifest.seq_length}  "
           f"shards: {len(manifest.shards)}  global batch: {gbs}  batches: {batches} (chunks of {args.chunk})")
+    for dtype, (size, positions) in storage.items():
+        print(f"shard bytes ({dtype} tokens): {size / 1e6:.1f} MB = {size / positions:.2f} bytes per token position")
     print(f"{'M tokens/s':>53} {'':>9} | ratios of the median rate (goal: 1st >= 0.5)")
     print(f"{'':42}  {'median':>9} {'total':>9} | vs same output, tokens only, in order")
     fair, raw_tokens, raw_seq = (median[k] for k in ("raw, loader order, tokens+doc ids",
