@@ -1,26 +1,43 @@
 """Fine-tune and evaluate Hugging Face encoder directories on downstream tasks (docs/evaluation.md).
 
+  python tools/evaluate.py grid --model CLM=out/clm_hf --data-root data/paper --output eval/clm   # the paper suite
   python tools/evaluate.py grid --model CLM=out/clm_hf --smoke --output eval/clm
-  python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm   # paper protocol
+  python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm
   python tools/evaluate.py curve --run-dir runs/clm --smoke --lrs 1e-4 --seeds 0 --output eval/clm_curve
   python tools/evaluate.py summary --output eval/clm            # rebuild summary.md from the run JSONs
 Re-running a command skips runs already finished.
 """
 from __future__ import annotations
 
+from mlmclm import quiet
+
+quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
+
 import argparse
 import sys
 from pathlib import Path
 
 from mlmclm.eval.data_efficiency import evaluate_checkpoints
-from mlmclm.eval.presets import PRESETS, preset_task
+from mlmclm.eval.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
 from mlmclm.eval.protocol import PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records, run_grid
 from mlmclm.eval.smoke_tasks import write_smoke_tasks
 from mlmclm.eval.summary import write_summary
 from mlmclm.eval.tasks import TaskDataError, load_task_specs
 
 
+def _suite(args) -> str:
+    """`paper` unless other tasks were asked for (then `custom`)."""
+    custom = args.smoke or args.tasks or args.preset
+    if args.suite == "paper" and custom:
+        raise ValueError("--suite paper runs the paper's tasks; do not combine it with --smoke/--tasks/--preset")
+    return args.suite or ("custom" if custom else "paper")
+
+
 def _tasks(args) -> list:
+    if _suite(args) == "paper":
+        return paper_suite(args.data_root, args.task)
+    if args.task or args.data_root:
+        raise ValueError("--task/--data-root select tasks of the paper suite (--suite paper)")
     specs = []
     if args.smoke:
         specs += write_smoke_tasks(args.output / "smoke_tasks")
@@ -33,8 +50,18 @@ def _tasks(args) -> list:
 
 
 def _protocol(args) -> ProtocolConfig:
-    return ProtocolConfig(learning_rates=tuple(args.lrs), seeds=tuple(args.seeds), max_steps=args.max_steps,
-                          max_epochs=args.max_epochs, batch_size=args.batch_size)
+    common = dict(learning_rates=tuple(args.lrs), seeds=tuple(args.seeds), batch_size=args.batch_size)
+    if _suite(args) == "paper":
+        if args.max_epochs is not None:
+            raise ValueError("the paper suite fixes the epochs (TC: one full epoch); --max-epochs applies to "
+                             "--smoke/--tasks/--preset runs")
+        protocol = ProtocolConfig.paper(**common)
+        if args.max_steps is not None:  # a smaller step budget for SC/QA/IR (a quick check, not the paper's)
+            protocol = ProtocolConfig.paper(budgets=tuple((f, args.max_steps if s else None, e)
+                                                          for f, s, e in protocol.budgets), **common)
+        return protocol
+    return ProtocolConfig(max_steps=1000 if args.max_steps is None else args.max_steps,
+                          max_epochs=1 if args.max_epochs is None else args.max_epochs, **common)
 
 
 def _models(values: list[str]) -> dict[str, Path]:
@@ -54,13 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     curve = commands.add_parser("curve", help="export + evaluate every checkpoint of a training run")
     summary = commands.add_parser("summary", help="rebuild summary.md / summary.json from existing run JSONs")
     for sub in (grid, curve):
+        sub.add_argument("--suite", choices=("paper", "custom"),
+                         help="paper (default without --smoke/--tasks/--preset): the paper's 13 tasks and protocol")
+        sub.add_argument("--data-root", type=Path, help="paper suite from local folders DATA_ROOT/<task>/")
+        sub.add_argument("--task", action="append", choices=sorted(PAPER_TASKS),
+                         help="only these paper tasks (msmarco brings nq and mldr_en)")
         sub.add_argument("--smoke", action="store_true", help="the embedded smoke tasks (offline)")
         sub.add_argument("--tasks", type=Path, help="JSON list of task specs (docs/evaluation.md)")
         sub.add_argument("--preset", action="append", choices=sorted(PRESETS), help="paper task by HF name")
         sub.add_argument("--lrs", type=float, nargs="+", default=list(PAPER_LEARNING_RATES))
         sub.add_argument("--seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
-        sub.add_argument("--max-steps", type=int, default=1000)
-        sub.add_argument("--max-epochs", type=int, default=1)
+        sub.add_argument("--max-steps", type=int, help="step cap (default 1000; paper suite: SC/QA/IR budget)")
+        sub.add_argument("--max-epochs", type=int, help="custom suites: epoch cap (default 1)")
         sub.add_argument("--batch-size", type=int, default=32)
     grid.add_argument("--model", action="append", required=True, metavar="LABEL=HF_MODEL_DIR")
     curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")

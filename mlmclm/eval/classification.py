@@ -8,8 +8,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmclm.eval.metrics import accuracy
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, pad_batch, seed_everything,
-                                  train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
+                                  seed_everything, train)
 
 
 def _encode(tokenizer, rows, label_ids, max_length):
@@ -35,12 +35,12 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
     model.config.pad_token_id = tokenizer.pad_token_id
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
     collate = lambda feats: pad_batch(feats, pads)  # noqa: E731
-    features = _encode(tokenizer, data["train"], label_ids, data.spec.max_length)
+    features = _encode(tokenizer, data["train"], label_ids, max_length_of(data.spec, model_dir))
     log = train(model, features, collate, lambda m, b: m(**b).loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
     metrics = {}
     for split in eval_splits:
-        eval_features = _encode(tokenizer, data[split], label_ids, data.spec.max_length)
+        eval_features = _encode(tokenizer, data[split], label_ids, max_length_of(data.spec, model_dir))
         predictions = []
         with torch.no_grad():
             for chunk in batched(eval_features, config.eval_batch_size):

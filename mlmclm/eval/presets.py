@@ -1,7 +1,17 @@
-"""Paper tasks available by HF `datasets` name (network needed; not exercised in tests). Retrieval sets
-(MS MARCO, NQ, MLDR) ship as BEIR-style corpus/queries/qrels tables: convert them to the local retrieval schema
-(docs/evaluation.md) and pass the folder instead."""
+"""Paper tasks by name, and the paper's suite (EncodEval's MLM_vs_CLM configuration as issue 13 records it).
+
+The suite: SC = SST-2, MNLI, QQP; TC = CoNLL-2003, OntoNotes 5, UNER-en; QA = SQuAD, SQuAD-v2, QED, ReCoRD;
+IR = MS MARCO, NQ, MLDR-en (trained once on MS MARCO, tested on all three). Splits follow EncodEval: validation =
+5 % of train (seed 42), test = the official validation split (MNLI: validation_matched); inputs are cut at 99 % of
+the model's max_position_embeddings; retrieval uses "Query: " / "Document: " prefixes.
+
+Hugging Face names need the network and are not exercised in tests; the hub schemas of OntoNotes, UNER, QED and
+the BEIR-style retrieval sets differ from ours, so those tasks read local folders in our schemas (docs/evaluation.md)
+— `paper_suite(data_root=...)` reads every task from `data_root/<task>/`.
+"""
 from __future__ import annotations
+
+from pathlib import Path
 
 from mlmclm.eval.tasks import TaskSpec
 
@@ -19,8 +29,55 @@ PRESETS: dict[str, dict] = {
                    columns={"context": "passage", "question": "query"}),
 }
 
+# The paper suite: per task, its family and what differs from our schema on the hub (None: local folder only).
+PAPER_TASKS: dict[str, dict] = {
+    "sst2": dict(family="classification", hub=dict(hf_name="nyu-mll/glue", hf_config="sst2",
+                                                   columns={"text": "sentence"})),
+    "mnli": dict(family="classification", split_names={"test": "validation_matched"},
+                 hub=dict(hf_name="nyu-mll/glue", hf_config="mnli",
+                          columns={"text": "premise", "text_pair": "hypothesis"})),
+    "qqp": dict(family="classification", hub=dict(hf_name="nyu-mll/glue", hf_config="qqp",
+                                                  columns={"text": "question1", "text_pair": "question2"})),
+    "conll2003": dict(family="token_classification", hub=dict(hf_name="eriktks/conll2003",
+                                                              columns={"tags": "ner_tags"})),
+    "ontonotes5": dict(family="token_classification", hub=None),
+    "uner_en": dict(family="token_classification", hub=None),
+    "squad": dict(family="qa", hub=dict(hf_name="rajpurkar/squad")),
+    "squad_v2": dict(family="qa", hub=dict(hf_name="rajpurkar/squad_v2")),
+    "qed": dict(family="qa", hub=None),
+    "record": dict(family="qa", hub=dict(hf_name="aps/super_glue", hf_config="record",
+                                         columns={"context": "passage", "question": "query"})),
+    "msmarco": dict(family="retrieval", hub=None, query_prefix="Query: ", document_prefix="Document: ",
+                    extra_tests=("nq", "mldr_en")),
+}
+PAPER_TEST_ONLY = ("nq", "mldr_en")  # scored with the model fine-tuned on msmarco
+
 
 def preset_task(name: str, **overrides) -> TaskSpec:
     if name not in PRESETS:
         raise ValueError(f"unknown preset task {name!r}; known: {sorted(PRESETS)}")
     return TaskSpec(name=name, **{**PRESETS[name], **overrides})
+
+
+def paper_task(name: str, data_root: Path | None = None) -> TaskSpec:
+    """One task of the paper suite: from `data_root/<name>/` (our schema) or, when None, from the hub."""
+    if name not in PAPER_TASKS:
+        hint = " (it is scored with the msmarco model: select msmarco)" if name in PAPER_TEST_ONLY else ""
+        raise ValueError(f"unknown paper task {name!r}{hint}; known: {sorted(PAPER_TASKS)}")
+    entry = PAPER_TASKS[name]
+    common = dict(name=name, family=entry["family"], split_protocol="paper", max_length=None,
+                  split_names=entry.get("split_names", {}), query_prefix=entry.get("query_prefix", ""),
+                  document_prefix=entry.get("document_prefix", ""))
+    extra = entry.get("extra_tests", ())
+    if data_root is not None:
+        return TaskSpec(path=str(Path(data_root) / name),
+                        extra_tests={t: {"path": str(Path(data_root) / t)} for t in extra}, **common)
+    if entry["hub"] is None:
+        raise ValueError(f"paper task {name!r} has no hub loader here (its hub schema differs from ours): convert "
+                         f"it to the {entry['family']} schema of docs/evaluation.md and pass --data-root")
+    return TaskSpec(**entry["hub"], **common)
+
+
+def paper_suite(data_root: Path | None = None, names: list[str] | None = None) -> list[TaskSpec]:
+    """The paper's tasks (all, or `names`), each with EncodEval's splits, length and retrieval settings."""
+    return [paper_task(name, data_root) for name in (names or list(PAPER_TASKS))]

@@ -8,7 +8,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,28 @@ from mlmclm.eval.training import FinetuneConfig
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
+# EncodEval's budgets per family: (max_steps, max_epochs); None = no cap of that kind.
+PAPER_BUDGETS = (("classification", 1000, None), ("qa", 1000, None), ("retrieval", 1000, None),
+                 ("token_classification", None, 1))
 RUNS_FOLDER = "runs"
 
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    """Grid and budget shared by every task (paper defaults: 6 LRs, 5 seeds, <= 1000 steps or one epoch,
-    batch 32, 10 % warmup then linear decay)."""
+    """Grid and budget shared by every task (6 LRs, 5 seeds, batch 32, 10 % warmup then linear decay; the budget
+    is min(max_steps, max_epochs) unless `budgets` sets it per family — `paper()` has EncodEval's)."""
 
     learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
     seeds: tuple[int, ...] = PAPER_SEEDS
-    max_steps: int = 1000
-    max_epochs: int = 1
+    max_steps: int | None = 1000
+    max_epochs: int | None = 1
     batch_size: int = 32
     warmup_fraction: float = 0.1
+    budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (family, max_steps, max_epochs)
+
+    @classmethod
+    def paper(cls, **overrides) -> ProtocolConfig:
+        return cls(**{"budgets": PAPER_BUDGETS, **overrides})
 
     def __post_init__(self) -> None:
         if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
@@ -44,10 +52,13 @@ class ProtocolConfig:
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
                        batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)  # validates the budget
 
-    def finetune_config(self, learning_rate: float, seed: int) -> FinetuneConfig:
-        return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=self.max_steps,
-                              max_epochs=self.max_epochs, batch_size=self.batch_size,
-                              warmup_fraction=self.warmup_fraction)
+    def finetune_config(self, learning_rate: float, seed: int, family: str | None = None) -> FinetuneConfig:
+        max_steps, max_epochs = self.max_steps, self.max_epochs
+        for name, steps, epochs in self.budgets:
+            if name == family:
+                max_steps, max_epochs = steps, epochs
+        return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
+                              batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)
 
 
 @dataclass
@@ -90,12 +101,35 @@ def _score(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
 
-def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:
-    """Changes when anything that affects the result changes, so resume never reuses a stale run."""
+_HASH_CACHE: dict[tuple[str, int, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's content, cached per (path, size, mtime_ns, inode) so a grid hashes each model once."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _HASH_CACHE:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _HASH_CACHE[key] = digest.hexdigest()
+    return _HASH_CACHE[key]
+
+
+def model_fingerprint(model_dir: Path) -> list[tuple[str, str]]:
+    """Content hashes of what defines the model: weights, config and tokenizer files."""
     model_dir = Path(model_dir)
-    weights = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    stamp = [(p.name, p.stat().st_size) for p in weights]
-    payload = json.dumps({"spec": asdict(spec), "config": asdict(config), "weights": stamp}, sort_keys=True)
+    files = sorted({*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin"), *model_dir.glob("*.json"),
+                    *model_dir.glob("*.model")})
+    return [(p.name, file_digest(p)) for p in files if p.is_file()]
+
+
+def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:
+    """Changes when anything that affects the result changes — the model files' *content* included, so a
+    re-export into the same directory is never mistaken for the model that was evaluated."""
+    payload = json.dumps({"spec": asdict(spec), "config": asdict(config), "model": model_fingerprint(model_dir)},
+                         sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -136,10 +170,13 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
     bar = tqdm(plan, desc="evaluation runs", unit="run", disable=not progress, dynamic_ncols=True)
     for label, directory, data, lr, seed in bar:
         bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
-        config = protocol.finetune_config(lr, seed)
+        config = protocol.finetune_config(lr, seed, data.spec.family)
         fingerprint = run_fingerprint(directory, data.spec, config)
         path = run_path(output_dir, label, data.spec.name, lr, seed)
         record = _finished(path, fingerprint)
+        extra_paths = {name: run_path(output_dir, label, name, lr, seed) for name in data.extra_tests}
+        if record is not None and not all(_finished(p, fingerprint) for p in extra_paths.values()):
+            record = None
         if record is None:
             started = time.perf_counter()
             outcome = finetune_and_score(directory, data, config)
@@ -150,8 +187,13 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
                                train_loss_first=outcome.log.first_loss, train_loss_last=outcome.log.last_loss,
                                fingerprint=fingerprint, model_dir=str(directory),
                                seconds=round(time.perf_counter() - started, 3), extra={"notes": data.notes})
+            for name, extra_path in extra_paths.items():
+                # trained once, tested on another set: its own task, LR chosen on the training task's validation
+                write_json_atomic(extra_path, asdict(replace(record, task=name, test=outcome.metrics[f"test:{name}"],
+                                                             extra={**record.extra, "trained_on": data.spec.name})))
             write_json_atomic(path, asdict(record))
         records.append(record)
+        records += [_finished(p, fingerprint) for p in extra_paths.values()]
     return records
 
 

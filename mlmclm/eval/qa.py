@@ -11,8 +11,8 @@ from torch import nn
 from mlmclm.eval.heads import SpanQAModel
 from mlmclm.eval.metrics import squad_scores
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, pad_batch, seed_everything,
-                                  train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
+                                  seed_everything, train)
 
 MAX_ANSWER_TOKENS = 30
 TOP_K = 20
@@ -79,13 +79,13 @@ def run_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
     def collate(feats):
         return pad_batch([{k: v for k, v in f.items() if not k.startswith("_")} for f in feats], pads)
 
-    features = _encode(tokenizer, data["train"], data.spec.max_length)
+    features = _encode(tokenizer, data["train"], max_length_of(data.spec, model_dir))
     log = train(model, features, collate, _span_loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
     metrics = {}
     for split in eval_splits:
         rows = data[split]
-        eval_features = _encode(tokenizer, rows, data.spec.max_length)
+        eval_features = _encode(tokenizer, rows, max_length_of(data.spec, model_dir))
         starts, ends = [], []
         with torch.no_grad():
             for chunk in batched(eval_features, config.eval_batch_size):

@@ -1,5 +1,8 @@
-"""Retrieval: mean-pooled bi-encoder (shared tower) trained with InfoNCE over in-batch negatives, scored by
-NDCG@10 against the split's own corpus (every positive and negative passage of the split)."""
+"""Retrieval: mean-pooled bi-encoder (shared tower) trained with InfoNCE over in-batch negatives at temperature
+0.05, scored by NDCG@10 against the split's own corpus (every positive and negative passage of the split: with
+BEIR data converted to our schema, the documents of the qrels). Queries and passages get the task's prefixes
+("Query: " / "Document: " in the paper); the same fine-tuned model also scores the task's `extra_tests` (the paper
+trains once on MS MARCO and tests on MS MARCO, NQ and MLDR-en), reported as `test:<name>`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +12,8 @@ import torch
 from mlmclm.eval.heads import MeanPoolingEncoder, info_nce_loss
 from mlmclm.eval.metrics import ndcg_at_k
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, pad_batch, seed_everything,
-                                  train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
+                                  seed_everything, train)
 
 TEMPERATURE = 0.05
 
@@ -38,9 +41,10 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
     tokenizer = load_tokenizer(model_dir)
     seed_everything(config.seed)
     model = MeanPoolingEncoder(model_dir)
-    max_length = data.spec.max_length
+    max_length = max_length_of(data.spec, model_dir)
 
-    pairs = [(row["query"], positive) for row in data["train"] for positive in row["positives"]]
+    query, document = data.spec.query_prefix, data.spec.document_prefix
+    pairs = [(query + row["query"], document + positive) for row in data["train"] for positive in row["positives"]]
 
     def collate(chunk):
         queries = tokenizer([q for q, _ in chunk], truncation=True, max_length=max_length, padding=True)
@@ -57,15 +61,18 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
 
     log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
-    metrics = {}
-    for split in eval_splits:
-        rows = data[split]
+    def score(rows):
         corpus = corpus_of(rows)
-        doc_vectors = _embed(model, tokenizer, corpus, max_length, config.eval_batch_size)
-        query_vectors = _embed(model, tokenizer, [r["query"] for r in rows], max_length, config.eval_batch_size)
+        doc_vectors = _embed(model, tokenizer, [document + p for p in corpus], max_length, config.eval_batch_size)
+        query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], max_length,
+                               config.eval_batch_size)
         top = (query_vectors @ doc_vectors.T).topk(min(10, len(corpus)), dim=-1).indices.tolist()
         rankings = [[str(i) for i in ranked] for ranked in top]
         index = {passage: str(i) for i, passage in enumerate(corpus)}
         relevant = [{index[p] for p in r["positives"]} for r in rows]
-        metrics[split] = {"ndcg@10": ndcg_at_k(rankings, relevant, k=10)}
+        return {"ndcg@10": ndcg_at_k(rankings, relevant, k=10)}
+
+    metrics = {split: score(data[split]) for split in eval_splits}
+    if "test" in eval_splits:
+        metrics.update({f"test:{name}": score(rows) for name, rows in data.extra_tests.items()})
     return RunOutcome(metrics=metrics, log=log)

@@ -10,6 +10,7 @@ Schemas (one JSON object per row; see docs/evaluation.md):
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ SPLITS = ("train", "validation", "test")
 MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1", "qa": "f1",
                "retrieval": "ndcg@10"}
 _SPLIT_SEED = 0  # fixed so derived validation/test splits are identical across runs and models
+SPLIT_PROTOCOLS = ("given", "paper")
+PAPER_VALIDATION_FRACTION, PAPER_VALIDATION_SEED = 0.05, 42  # EncodEval: validation = 5 % of train, seed 42
 
 
 class TaskDataError(ValueError):
@@ -38,9 +41,17 @@ class TaskSpec:
     hf_config: str | None = None
     split_names: dict[str, str] = field(default_factory=dict)
     columns: dict[str, str] = field(default_factory=dict)
-    max_length: int = 256
+    max_length: int | None = 256  # None: 99 % of the model's max_position_embeddings (EncodEval)
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
+    # "given": the source's train/validation/test (missing ones derived, see load_task); "paper" (EncodEval):
+    # validation = 5 % of train (seed 42), test = the official validation split (split_names["test"] names it).
+    split_protocol: str = "given"
+    query_prefix: str = ""  # retrieval: prepended to queries ("Query: " in the paper)
+    document_prefix: str = ""  # retrieval: prepended to passages ("Document: ")
+    # retrieval: more test sets scored with the model fine-tuned on this task (name -> TaskSpec fields with
+    # `path` or `hf_name`); each becomes its own task in the results (MS MARCO -> NQ, MLDR-en in the paper)
+    extra_tests: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -49,8 +60,13 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
         if (self.path is None) == (self.hf_name is None):
             raise ValueError(f"task {self.name!r}: set exactly one of `path` and `hf_name`")
-        if self.max_length < 8:
+        if self.max_length is not None and self.max_length < 8:
             raise ValueError(f"task {self.name!r}: max_length must be >= 8, got {self.max_length}")
+        if self.split_protocol not in SPLIT_PROTOCOLS:
+            raise ValueError(f"task {self.name!r}: split_protocol must be one of {SPLIT_PROTOCOLS}, "
+                             f"got {self.split_protocol!r}")
+        if self.extra_tests and self.family != "retrieval":
+            raise ValueError(f"task {self.name!r}: extra_tests is for retrieval tasks only")
         unknown = set(self.split_names) - set(SPLITS)
         if unknown:
             raise ValueError(f"task {self.name!r}: split_names keys must be among {SPLITS}, got {sorted(unknown)}")
@@ -80,6 +96,7 @@ class TaskData:
     splits: dict[str, list[dict[str, Any]]]
     labels: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    extra_tests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # retrieval: name -> test rows
 
     def __getitem__(self, split: str) -> list[dict[str, Any]]:
         return self.splits[split]
@@ -128,13 +145,19 @@ def _read_local_split(folder: Path, split: str) -> list[dict[str, Any]] | None:
     return None
 
 
+def _source_splits(spec: TaskSpec) -> dict[str, str]:
+    """Our split -> the source split it is read from."""
+    if spec.split_protocol == "paper":
+        return {"train": spec.split_names.get("train", "train"), "test": spec.split_names.get("test", "validation")}
+    return {split: spec.split_names.get(split, split) for split in SPLITS}
+
+
 def _read_hf_splits(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
     import datasets  # network access; never exercised in tests
 
     loaded = datasets.load_dataset(spec.hf_name, spec.hf_config)
     out = {}
-    for split in SPLITS:
-        source = spec.split_names.get(split, split)
+    for split, source in _source_splits(spec).items():
         if source not in loaded:
             continue
         dataset = loaded[source]
@@ -206,6 +229,54 @@ def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> 
     return {"query": _require(row, "query", str, where), "positives": positives, "negatives": negatives}
 
 
+def _normalise_rows(spec: TaskSpec, rows: list[dict[str, Any]], origin: str, split: str) -> list[dict[str, Any]]:
+    normalised = []
+    for index, row in enumerate(_rename(rows, spec.columns)):
+        out = _normalise_row(spec.family, row, f"{origin} [{split} row {index}]", index)
+        if out is not None:
+            normalised.append(out)
+    return normalised
+
+
+def paper_validation_split(rows: list) -> tuple[list, list]:
+    """(train, validation): ceil(5 %) of the rows drawn by numpy's default_rng(42) permutation — the selection
+    `datasets.Dataset.train_test_split(test_size=0.05, seed=42)` makes — and the rest, both in that order."""
+    import numpy as np
+
+    if len(rows) < 2:
+        raise TaskDataError(f"train has {len(rows)} row(s), too few to hold out a validation split")
+    order = np.random.default_rng(PAPER_VALIDATION_SEED).permutation(len(rows))
+    held = math.ceil(PAPER_VALIDATION_FRACTION * len(rows))
+    return [rows[i] for i in order[held:]], [rows[i] for i in order[:held]]
+
+
+def load_extra_tests(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
+    """The eval-only test sets of a retrieval task: a local folder's test (else validation) file, or an HF split."""
+    out = {}
+    for name, fields in spec.extra_tests.items():
+        sub = TaskSpec.from_dict({"name": name, "family": "retrieval", **fields})
+        if sub.path is not None:
+            folder = Path(sub.path)
+            source = sub.split_names.get("test")
+            rows = None
+            for candidate in ([source] if source else ["test", "validation"]):
+                rows = _read_local_split(folder, candidate)
+                if rows is not None:
+                    break
+            if rows is None:
+                raise TaskDataError(f"task {spec.name!r}: extra test {name!r} has no test/validation file in {folder}")
+            origin = str(folder)
+        else:
+            raw = _read_hf_splits(TaskSpec(**{**sub.__dict__, "split_protocol": "paper"}))
+            if "test" not in raw:
+                raise TaskDataError(f"task {spec.name!r}: extra test {name!r} has no such split in hf:{sub.hf_name}")
+            rows, origin = raw["test"], f"hf:{sub.hf_name}"
+        out[name] = _normalise_rows(sub, rows, origin, "test")
+        if not out[name]:
+            raise TaskDataError(f"task {spec.name!r}: extra test {name!r} in {origin} has no rows")
+    return out
+
+
 def _shuffled(rows: list, seed: int = _SPLIT_SEED) -> list:
     rows = list(rows)
     random.Random(seed).shuffle(rows)
@@ -218,8 +289,8 @@ def load_task(spec: TaskSpec) -> TaskData:
         folder = Path(spec.path)
         if not folder.is_dir():
             raise TaskDataError(f"task {spec.name!r}: data folder {folder} does not exist")
-        raw = {split: rows for split in SPLITS
-               if (rows := _read_local_split(folder, spec.split_names.get(split, split))) is not None}
+        raw = {split: rows for split, source in _source_splits(spec).items()
+               if (rows := _read_local_split(folder, source)) is not None}
         origin = str(folder)
     else:
         raw, origin = _read_hf_splits(spec), f"hf:{spec.hf_name}"
@@ -227,19 +298,26 @@ def load_task(spec: TaskSpec) -> TaskData:
         raise TaskDataError(f"task {spec.name!r}: no train split in {origin} (expected train.jsonl or train.parquet)")
 
     splits: dict[str, list[dict[str, Any]]] = {}
+    notes = []
     for split, rows in raw.items():
-        normalised = []
-        for index, row in enumerate(_rename(rows, spec.columns)):
-            out = _normalise_row(spec.family, row, f"{origin} [{split} row {index}]", index)
-            if out is not None:
-                normalised.append(out)
+        if not rows:  # an empty file is a mistake to report, never a split to derive silently
+            raise TaskDataError(f"task {spec.name!r}: the {split} split in {origin} is empty")
+        normalised = _normalise_rows(spec, rows, origin, split)
         if normalised:
             splits[split] = normalised
-
-    notes = []
+        else:  # e.g. GLUE's test splits, whose labels are all -1
+            notes.append(f"the {split} split in {origin} has no labeled rows; ignored")
     if "train" not in splits:
         raise TaskDataError(f"task {spec.name!r}: the train split in {origin} has no labeled rows")
-    if "validation" not in splits and "test" not in splits:
+
+    if spec.split_protocol == "paper":
+        if "test" not in splits:
+            raise TaskDataError(f"task {spec.name!r}: no '{_source_splits(spec)['test']}' split in {origin} "
+                                f"(the paper protocol tests on the official validation split)")
+        splits["train"], splits["validation"] = paper_validation_split(splits["train"])
+        notes.append(f"validation = 5 % of train (seed 42); test = the official "
+                     f"'{_source_splits(spec)['test']}' split")
+    elif "validation" not in splits and "test" not in splits:
         rows = _shuffled(splits["train"])
         tenth = max(1, len(rows) // 10)
         splits["validation"], splits["test"], splits["train"] = rows[:tenth], rows[tenth:2 * tenth], rows[2 * tenth:]
@@ -272,4 +350,5 @@ def load_task(spec: TaskSpec) -> TaskData:
     elif spec.family == "token_classification":
         tags = {tag for row in splits["train"] for tag in row["tags"]}
         labels = ["O"] + sorted(tags - {"O"})
-    return TaskData(spec=spec, splits=splits, labels=labels, notes=notes)
+    extra = load_extra_tests(spec) if spec.extra_tests else {}
+    return TaskData(spec=spec, splits=splits, labels=labels, notes=notes, extra_tests=extra)

@@ -8,8 +8,8 @@ from transformers import AutoModelForTokenClassification
 
 from mlmclm.eval.metrics import entity_f1
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, pad_batch, seed_everything,
-                                  train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
+                                  seed_everything, train)
 
 IGNORE = -100
 
@@ -43,13 +43,13 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
     def collate(feats):
         return pad_batch([{k: v for k, v in f.items() if not k.startswith("_")} for f in feats], pads)
 
-    features = _encode(tokenizer, data["train"], tag_ids, data.spec.max_length)
+    features = _encode(tokenizer, data["train"], tag_ids, max_length_of(data.spec, model_dir))
     log = train(model, features, collate, lambda m, b: m(**b).loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
     metrics = {}
     for split in eval_splits:
         rows = data[split]
-        eval_features = _encode(tokenizer, rows, tag_ids, data.spec.max_length)
+        eval_features = _encode(tokenizer, rows, tag_ids, max_length_of(data.spec, model_dir))
         predicted_tags = []
         with torch.no_grad():
             for chunk in batched(eval_features, config.eval_batch_size):

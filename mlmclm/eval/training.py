@@ -21,24 +21,35 @@ DIVERGENCE_FACTOR = 1.5
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """One fine-tuning run. The budget is min(max_steps, max_epochs passes over train)."""
+    """One fine-tuning run. The budget is min(max_steps, max_epochs passes over train); either may be None (no
+    cap of that kind: the paper's SC/QA/IR runs take 1000 steps, going past one epoch on small sets, and its TC
+    runs one full epoch). The optimizer is EncodEval's: AdamW β (0.9, 0.95), eps 1e-5, weight decay 0.1."""
 
     learning_rate: float
     seed: int = 0
-    max_steps: int = 1000
-    max_epochs: int = 1
+    max_steps: int | None = 1000
+    max_epochs: int | None = 1
     batch_size: int = 32
     eval_batch_size: int = 64
     warmup_fraction: float = 0.1
-    weight_decay: float = 0.01
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-5
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.max_steps is None and self.max_epochs is None:
+            raise ValueError("max_steps and max_epochs cannot both be None (the run would never end)")
         for name in ("max_steps", "max_epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0 and self.weight_decay >= 0):
+            raise ValueError(f"bad AdamW settings: beta1={self.beta1}, beta2={self.beta2}, eps={self.eps}, "
+                             f"weight_decay={self.weight_decay}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
@@ -94,7 +105,31 @@ def pad_batch(features: Sequence[dict[str, list[int]]], pad_values: dict[str, in
 
 
 def budget_steps(num_examples: int, config: FinetuneConfig) -> int:
-    return min(config.max_steps, config.max_epochs * math.ceil(num_examples / config.batch_size))
+    caps = [config.max_steps] if config.max_steps is not None else []
+    if config.max_epochs is not None:
+        caps.append(config.max_epochs * math.ceil(num_examples / config.batch_size))
+    return min(caps)
+
+
+def default_max_length(model_dir: Path) -> int:
+    """EncodEval's input length: 99 % of the model's max_position_embeddings (2027 for 2048)."""
+    import json
+
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return int(0.99 * config["max_position_embeddings"])
+
+
+def max_length_of(spec: Any, model_dir: Path) -> int:
+    return spec.max_length if spec.max_length is not None else default_max_length(model_dir)
+
+
+def make_optimizer(model: torch.nn.Module, config: FinetuneConfig) -> torch.optim.AdamW:
+    """AdamW with the config's betas/eps; weight decay on matrices only (not on norms and biases)."""
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "norm" in n.lower()]
+    decay = [p for n, p in model.named_parameters() if not (p.ndim < 2 or "norm" in n.lower())]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate,
+                             betas=(config.beta1, config.beta2), eps=config.eps)
 
 
 def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[list], Any],
@@ -104,10 +139,7 @@ def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[li
     if not features:
         raise ValueError(f"{description}: no training examples")
     steps = budget_steps(len(features), config)
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "norm" in n.lower()]
-    decay = [p for n, p in model.named_parameters() if not (p.ndim < 2 or "norm" in n.lower())]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate)
+    optimizer = make_optimizer(model, config)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_fraction * steps), steps)
     loader = DataLoader(list(features), batch_size=config.batch_size, shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(config.seed))

@@ -1,0 +1,101 @@
+"""The paper's evaluation protocol (EncodEval): splits, optimiser, budgets, length, retrieval trained once and
+tested on three sets — and `tools/evaluate.py --suite paper` on local fixtures of all four families."""
+import json
+import random
+
+import pytest
+import torch
+from eval_fixtures import make_task_folder, retrieval_rows, write_jsonl
+
+from mlmclm.eval.presets import PAPER_TASKS, paper_suite
+from mlmclm.eval.protocol import ProtocolConfig
+from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task, paper_validation_split
+from mlmclm.eval.training import FinetuneConfig, budget_steps, default_max_length, make_optimizer
+from tools.evaluate import main as evaluate
+
+
+def test_validation_is_five_percent_of_train_as_datasets_splits_it():
+    datasets = pytest.importorskip("datasets")
+    rows = [{"i": i} for i in range(101)]
+    train, validation = paper_validation_split(rows)
+    reference = datasets.Dataset.from_list(rows).train_test_split(test_size=0.05, seed=42)
+    assert [r["i"] for r in validation] == reference["test"]["i"]  # ceil(5.05) = 6 rows, same order
+    assert [r["i"] for r in train] == reference["train"]["i"]
+
+
+def test_paper_splits_test_on_the_official_validation(tmp_path):
+    rng = random.Random(0)
+    train = [{"text": f"t{i}", "label": rng.choice(["a", "b"])} for i in range(40)]
+    official = [{"text": f"v{i}", "label": "a"} for i in range(7)]
+    write_jsonl(tmp_path / "train.jsonl", train)
+    write_jsonl(tmp_path / "validation_matched.jsonl", official)
+    write_jsonl(tmp_path / "validation_mismatched.jsonl", [{"text": "x", "label": "b"}])
+    data = load_task(TaskSpec(name="mnli", family="classification", path=str(tmp_path), split_protocol="paper",
+                              split_names={"test": "validation_matched"}))
+    assert [r["text"] for r in data["test"]] == [r["text"] for r in official]
+    assert len(data["validation"]) == 2 and len(data["train"]) == 38  # ceil(5 % of 40)
+    assert {r["text"] for r in data["validation"]} | {r["text"] for r in data["train"]} == {r["text"] for r in train}
+    with pytest.raises(TaskDataError, match="no 'validation' split"):
+        load_task(TaskSpec(name="x", family="classification", path=str(tmp_path), split_protocol="paper"))
+
+
+def test_an_empty_split_file_is_refused_not_replaced(tmp_path):
+    make_task_folder(tmp_path, "classification")
+    (tmp_path / "test.jsonl").write_text("")
+    with pytest.raises(TaskDataError, match="the test split in .* is empty"):
+        load_task(TaskSpec(name="cls", family="classification", path=str(tmp_path)))
+
+
+def test_encodeval_optimiser_budgets_and_length(tiny_model_dir):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    groups = make_optimizer(model, FinetuneConfig(learning_rate=1e-4)).param_groups
+    assert [(g["betas"], g["eps"], g["weight_decay"]) for g in groups] == [((0.9, 0.95), 1e-5, 0.1),
+                                                                             ((0.9, 0.95), 1e-5, 0.0)]
+    paper = ProtocolConfig.paper()
+    sc, tc = paper.finetune_config(1e-4, 0, "classification"), paper.finetune_config(1e-4, 0, "token_classification")
+    assert budget_steps(320, sc) == 1000  # 10 epochs of 320 examples at batch 32: goes past one epoch
+    assert budget_steps(100_000, tc) == 3125  # one full epoch, no step cap
+    assert budget_steps(320, ProtocolConfig().finetune_config(1e-4, 0, "classification")) == 10  # ours: min
+    assert default_max_length(tiny_model_dir) == 506  # 0.99 × 512
+    with pytest.raises(ValueError, match="cannot both be None"):
+        FinetuneConfig(learning_rate=1e-4, max_steps=None, max_epochs=None)
+
+
+def test_suite_has_the_papers_13_tasks():
+    specs = paper_suite(data_root="/data")
+    names = [s.name for s in specs] + [t for s in specs for t in s.extra_tests]
+    assert sorted(names) == sorted(["sst2", "mnli", "qqp", "conll2003", "ontonotes5", "uner_en", "squad",
+                                    "squad_v2", "qed", "record", "msmarco", "nq", "mldr_en"])
+    msmarco = next(s for s in specs if s.name == "msmarco")
+    assert (msmarco.query_prefix, msmarco.document_prefix) == ("Query: ", "Document: ")
+    assert all(s.split_protocol == "paper" and s.max_length is None for s in specs)
+    with pytest.raises(ValueError, match="convert it to the token_classification schema"):
+        paper_suite(names=["ontonotes5"])  # no hub loader: local data needed
+    assert len(PAPER_TASKS) == 11
+
+
+def test_suite_paper_runs_on_local_fixtures_of_all_four_families(tmp_path, tiny_model_dir, capsys):
+    root = tmp_path / "paper"
+    for task, family in (("sst2", "classification"), ("conll2003", "token_classification"), ("squad_v2", "qa"),
+                         ("msmarco", "retrieval")):
+        make_task_folder(root / task, family, sizes=(40, 0, 12))
+        (root / task / "validation.jsonl").unlink()
+        (root / task / "test.jsonl").rename(root / task / "validation.jsonl")  # the official validation
+    rng = random.Random(3)
+    for extra in ("nq", "mldr_en"):
+        write_jsonl(root / extra / "test.jsonl", retrieval_rows(10, rng))
+    out = tmp_path / "out"
+    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(root), "--task", "sst2",
+                   "--task", "conll2003", "--task", "squad_v2", "--task", "msmarco", "--lrs", "1e-3", "--seeds", "0",
+                   "--max-steps", "3", "--batch-size", "8", "--output", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    tasks = {t["task"]: t for t in summary["tasks"]}
+    assert set(tasks) == {"sst2", "conll2003", "squad_v2", "msmarco", "nq", "mldr_en"}
+    families = {f["family"]: f for f in summary["families"]}
+    assert set(families) == {"classification", "token_classification", "qa", "retrieval"}
+    assert families["retrieval"]["tasks"] == ["mldr_en", "msmarco", "nq"]
+    runs = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs" / "tiny").glob("*/*.json")}
+    assert runs["sst2"]["steps"] == 3 and runs["conll2003"]["steps"] == 5  # TC: one epoch of 38 rows at 8
+    assert runs["nq"]["extra"]["trained_on"] == "msmarco" and runs["nq"]["fingerprint"] == runs["msmarco"]["fingerprint"]
+    assert "5 % of train" in " ".join(runs["sst2"]["extra"]["notes"])
