@@ -31,9 +31,15 @@ test: setup
 demo: setup
 	$(PY) -m mlmclm.demo
 
-# One GPU, < 8 min: versions, bf16/FP8 tokens/s, MFU, memory, bf16-vs-fp32 losses.
-gpu-check: setup
-	timeout 600 $(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS)
+# One GPU, < 8 min: versions, bf16/FP8 tokens/s, MFU, memory, bf16-vs-fp32 losses. In the NGC image
+# (cluster/Dockerfile) mlmclm is installed into the image's Python next to Transformer Engine and apex: use that
+# Python there (TE layers, FP8), not a .venv whose PyPI torch has neither. Elsewhere: .venv, megatron's local layers.
+IMAGE_PY = $(shell python3 -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('mlmclm') and u.find_spec('transformer_engine')))" >/dev/null 2>&1 && command -v python3)
+gpu-check:
+	@if [ -n "$(IMAGE_PY)" ]; then echo "gpu-check: using $(IMAGE_PY) (mlmclm installed next to Transformer Engine)"; \
+		timeout 600 $(IMAGE_PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); \
+	else $(MAKE) --no-print-directory setup && \
+		timeout 600 $(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); fi
 
 # The same script on CPU with a tiny shape (what CI runs).
 gpu-check-smoke: setup

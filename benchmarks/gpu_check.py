@@ -39,7 +39,8 @@ import torch  # noqa: E402
 from mlmclm.flops import flops_per_token, mfu, peak_flops  # noqa: E402
 from mlmclm.model import PRESETS, PrecisionConfig, build_model, preset, set_causal  # noqa: E402
 from mlmclm.model.build import resolve_use_te  # noqa: E402
-from mlmclm.model.precision import fp8_attention_decision, transformer_engine_available  # noqa: E402
+from mlmclm.model.fusions import fusion_flags  # noqa: E402
+from mlmclm.model.precision import fp8_attention_here, transformer_engine_available  # noqa: E402
 from mlmclm.objectives import ObjectiveConfig, build_objective  # noqa: E402
 from mlmclm.parallel import ParallelConfig, current_device, destroy_parallel, init_parallel  # noqa: E402
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp  # noqa
@@ -52,6 +53,7 @@ MASK_ID = 3
 TOKENS_PER_MICRO_BATCH = {"eurobert-210m": 16384, "eurobert-1b": 8192}
 GOAL_BF16_MFU = 0.45    # 1b, sequence 2048, one H100/H200
 GOAL_FP8_SPEEDUP = 1.3  # FP8 tokens/s over bf16 tokens/s, same configuration
+FP8_RECIPE = "delayed"  # the one recipe whose FP8 attention TE runs on Hopper (mlmclm.model.precision)
 
 
 @dataclass
@@ -186,6 +188,7 @@ def environment() -> dict:
         "device": device_description(),
         "layer_spec": "transformer_engine" if use_te else "local",
         "layer_spec_reason": te_why if te_ok else f"megatron local layers: {te_why}",
+        "fused_kernels": fusion_flags(use_te).summary(use_te),
     }
 
 
@@ -285,7 +288,7 @@ def micro_batch_for(model: str, seq: int, smoke: bool) -> int:
 
 def precision_for(name: str) -> PrecisionConfig:
     if name == "fp8":
-        return PrecisionConfig(dtype="bf16", fp8="hybrid", fp8_recipe="delayed", fp8_attention="auto")
+        return PrecisionConfig(dtype="bf16", fp8="hybrid", fp8_recipe=FP8_RECIPE, fp8_attention="auto")
     return PrecisionConfig(dtype=name)
 
 
@@ -297,7 +300,7 @@ def throughput_rows(cfg: CheckConfig, precision: str, peak: float | None, deadli
                    for seq in cfg.seq_lengths for objective in cfg.objectives]
         rows.extend(planned)
         if precision == "fp8":
-            attention, why = fp8_attention_decision(preset(model).head_dim)
+            attention, why = fp8_attention_here(preset(model).head_dim, FP8_RECIPE)
             for row in planned:
                 row.fp8_attention, row.fp8_attention_reason = attention, why
         if time.monotonic() + cfg.seconds_per_run > deadline:
@@ -446,7 +449,8 @@ def run_check(cfg: CheckConfig) -> dict:
         "flop_convention": "model FLOPs: 6 x forward MACs; LM head at every position; causal attention counted "
                            "at half (mlmclm.flops)",
         "fp8": {"available": fp8_ok, "reason": fp8_why,
-                "attention": {m: fp8_attention_decision(preset(m).head_dim)[1] for m in cfg.models},
+                "recipe": FP8_RECIPE,
+                "attention": {m: fp8_attention_here(preset(m).head_dim, FP8_RECIPE)[1] for m in cfg.models},
                 "ratios": ratios},
         "precision_agreement": agreement,
         "runs": [asdict(r) for r in rows],
@@ -470,6 +474,7 @@ def format_report(report: dict) -> str:
         f"torch {env['torch']}  CUDA {env['cuda']}  TE {env['transformer_engine']}  apex {env['apex']}  "
         f"megatron-core {env['megatron_core']}  device {env['device']['name']}",
         f"layer spec: {env['layer_spec']} ({env['layer_spec_reason']})",
+        env["fused_kernels"],
         f"peak TFLOP/s: bf16 {_fmt(report['peak_tflops']['bf16'], '.4g')}, fp8 {_fmt(report['peak_tflops']['fp8'], '.4g')}"
         f"  [{report['peak_source']['bf16']}]   data: {report['data']}",
         f"{'model':<14}{'prec':<5}{'obj':<4}{'seq':>5}{'mbs':>4}{'steps':>6}{'tok/s':>11}{'TFLOP/s':>9}{'MFU':>7}"

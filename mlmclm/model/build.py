@@ -11,7 +11,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mlmclm.model.config import ModelConfig
-from mlmclm.model.precision import PrecisionConfig, fp8_attention_decision, transformer_engine_available
+from mlmclm.model.fusions import fusion_flags
+from mlmclm.model.precision import PrecisionConfig, fp8_attention_here, transformer_engine_available
 from mlmclm.model.spec import block_spec
 from mlmclm.parallel import runtime
 from mlmclm.parallel.runtime import ParallelConfig, current_device
@@ -28,7 +29,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         raise ValueError("precision.fp8 needs Transformer Engine layers (TE importable and a CUDA device)")
     fp8_attention = False
     if precision.fp8 and precision.fp8_attention != "off":
-        fp8_attention, reason = fp8_attention_decision(model.head_dim)
+        fp8_attention, reason = fp8_attention_here(model.head_dim, precision.fp8_recipe, training=True)
         if precision.fp8_attention == "on" and not fp8_attention:
             raise ValueError(reason)
         log.info(reason)
@@ -60,15 +61,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         fp8=precision.fp8,
         fp8_recipe=precision.fp8_recipe,
         fp8_dot_product_attention=fp8_attention,
-        # Fused kernels exist only on GPU; the unfused paths compute the same functions.
-        bias_activation_fusion=on_gpu,
-        masked_softmax_fusion=on_gpu,
-        bias_dropout_fusion=on_gpu,
-        apply_rope_fusion=on_gpu and use_te,
-        persist_layer_norm=on_gpu,
-        gradient_accumulation_fusion=False,
+        # Each fused kernel only where it can be imported for this spec (mlmclm/model/fusions.py); logged.
+        **fusion_flags(use_te).config_kwargs(),
         attention_softmax_in_fp32=True,
-        cross_entropy_loss_fusion=False,
         # Losses are token sums; megatron divides gradients by the global batch's token count (DP- and
         # micro-batch-invariant). DDP reads this when it is built, so it belongs here.
         calculate_per_token_loss=True,
@@ -76,9 +71,14 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
 
 
 def resolve_use_te(requested: bool | None) -> bool:
+    """TE layers when asked for (an error if impossible); by default when available, with the fallback logged."""
     available, why = transformer_engine_available()
     if requested and not available:
         raise ValueError(f"Transformer Engine layers requested but unavailable: {why}")
+    if requested is None and not available:
+        # On a GPU the fallback is a real loss (no FP8, slower attention), so say it loudly there.
+        level = logging.WARNING if runtime.on_gpu() else logging.INFO
+        log.log(level, "layer spec: megatron local layers, not Transformer Engine (%s)", why)
     return available if requested is None else requested
 
 
@@ -90,11 +90,6 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     """
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
-    if parallel.context_parallel > 1 and not use_te:
-        raise ValueError(
-            "context_parallel > 1 needs Transformer Engine's attention (GPU with TE installed); megatron's local "
-            "attention, used on CPU, supports context_parallel = 1 only"
-        )
     config = transformer_config(model, parallel, precision, use_te)
     vpp = parallel.virtual_pipeline_parallel
     stages = range(vpp) if vpp else [None]

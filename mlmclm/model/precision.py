@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")  # megatron's Fp8Recipe names
+
 
 @dataclass
 class PrecisionConfig:
@@ -19,6 +21,8 @@ class PrecisionConfig:
             raise ValueError(f"precision.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if self.fp8 not in (None, "hybrid", "e4m3"):
             raise ValueError(f"precision.fp8 must be null, 'hybrid' or 'e4m3', got {self.fp8!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"precision.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
         if self.fp8_attention not in ("auto", "on", "off"):
             raise ValueError(f"precision.fp8_attention must be auto, on or off, got {self.fp8_attention!r}")
 
@@ -41,20 +45,67 @@ def transformer_engine_available() -> tuple[bool, str]:
     return True, "transformer_engine importable and CUDA present"
 
 
-def fp8_attention_decision(head_dim: int, training: bool = True) -> tuple[bool, str]:
-    """Whether FP8 dot-product attention can be used for this shape, with the reason in one line.
+def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, recipe: str,
+                           training: bool = True) -> tuple[bool, str]:
+    """Whether TE's FP8 dot-product attention can run for this GPU, shape and FP8 recipe; the reason in one line.
 
-    TE's FP8 fused attention on Hopper has required head_dim 128 in training; the paper's shapes use 64 and 96.
+    Pure, so it is tested over architectures without one. From TE's backend selection
+    (`nvte_get_fused_attn_backend` in common/fused_attn/fused_attn.cpp and `get_attention_backend` in
+    pytorch/attention/dot_product_attention/utils.py, TE 2.4-2.18): FP8 attention runs only in cuDNN's fused
+    attention — FP8 turns off flash attention in training and the unfused path (which only emulates FP8 on request)
+    — so when the fused backend is filtered out TE raises "no dot product attention backend". The fused FP8 kernel
+    needs sm90+ and cuDNN >= 9.7 for these shapes; head_dim a multiple of 16; on sm90 training only head_dim 128
+    (inference up to 256); on sm100 up to 128. Per recipe: delayed scaling on sm90+; current scaling
+    ("tensorwise") only on sm100+ with cuDNN >= 9.14; MXFP8 only on sm100+ with cuDNN >= 9.21 and TE >= 2.16;
+    block scaling never. Where support depends on versions we have not run, the answer is off.
     """
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"unknown FP8 recipe {recipe!r}; choose from {FP8_RECIPES}")
+    if capability is None:
+        return False, "FP8 attention off: no CUDA device"
+    major, minor = capability
+    arch = f"sm{major}{minor}"
+    mode = "training" if training else "inference"
+    if major < 9:
+        return False, (f"FP8 attention off: TE's FP8 fused attention needs sm90 or newer, this GPU is {arch}; "
+                       f"attention runs in bf16")
+    if recipe == "blockwise":
+        return False, ("FP8 attention off: TE has no attention backend for the blockwise (Float8BlockScaling) recipe "
+                       "(it would fail with 'no dot product attention backend'); attention runs in bf16, GEMMs in FP8")
+    if major > 10:
+        return False, f"FP8 attention off: {arch} is not in our support table (unverified); attention runs in bf16"
+    if head_dim % 16:
+        return False, f"FP8 attention off: TE's FP8 fused attention needs head_dim divisible by 16, got {head_dim}"
+    if major == 9:
+        if recipe == "tensorwise":
+            return False, ("FP8 attention off: TE runs FP8 attention with current scaling (tensorwise) only on sm100+; "
+                           "on Hopper it fails with 'no dot product attention backend'; attention runs in bf16, "
+                           "GEMMs in FP8")
+        if recipe == "mxfp8":
+            return False, "FP8 attention off: TE's MXFP8 attention needs sm100+ (MXFP8 itself is Blackwell-only)"
+        if training and head_dim != 128:
+            return False, (f"FP8 attention off: TE's FP8 fused attention on Hopper trains only with head_dim 128, "
+                           f"this model has head_dim {head_dim}; attention runs in bf16, GEMMs in FP8")
+        if not training and head_dim > 256:
+            return False, f"FP8 attention off: on Hopper FP8 attention takes head_dim <= 256, got {head_dim}"
+        return True, f"FP8 attention on ({arch}, head_dim {head_dim}, delayed scaling, {mode}; needs cuDNN >= 9.7)"
+    # sm100 (Blackwell)
+    if head_dim > 128:
+        return False, f"FP8 attention off: on {arch} TE's FP8 fused attention takes head_dim <= 128, got {head_dim}"
+    if recipe == "tensorwise":
+        return False, (f"FP8 attention off: current scaling (tensorwise) on {arch} needs cuDNN >= 9.14 and TE >= 2.9 "
+                       f"and has not been run by us (unverified); attention runs in bf16")
+    if recipe == "mxfp8":
+        return False, (f"FP8 attention off: MXFP8 attention on {arch} needs TE >= 2.16 with cuDNN >= 9.21 (not "
+                       f"9.23.0/9.23.1) and has not been run by us (unverified); attention runs in bf16")
+    return True, f"FP8 attention on ({arch}, head_dim {head_dim}, delayed scaling, {mode}; needs cuDNN >= 9.7)"
+
+
+def fp8_attention_here(head_dim: int, recipe: str, training: bool = True) -> tuple[bool, str]:
+    """`fp8_attention_decision` for this machine: TE must be importable, then the GPU's compute capability decides."""
     from mlmclm.parallel.runtime import gpu_capability
 
     ok, why = transformer_engine_available()
     if not ok:
         return False, f"FP8 attention off: {why}"
-    major, minor = gpu_capability()
-    if major < 9:
-        return False, f"FP8 attention off: needs compute capability >= 9.0 (Hopper), this GPU is {major}.{minor}"
-    if major == 9 and training and head_dim != 128:
-        return False, (f"FP8 attention off: TE's FP8 fused attention on Hopper trains only with head_dim 128, "
-                       f"this model has head_dim {head_dim}; attention runs in bf16, GEMMs still in FP8")
-    return True, f"FP8 attention on (head_dim {head_dim}, compute capability {major}.{minor})"
+    return fp8_attention_decision(gpu_capability(), head_dim, recipe, training)

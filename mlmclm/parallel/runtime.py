@@ -14,6 +14,19 @@ from mlmclm.parallel import cpu_emulation
 from mlmclm.parallel.launch import free_port
 
 
+# Refused rather than half-done: with CP > 1 megatron's attention expects each CP rank to hold its load-balanced
+# slice of the sequence, and everything around the model would have to follow. None of it does here.
+CONTEXT_PARALLEL_UNSUPPORTED = (
+    "parallel.context_parallel={cp} is not supported: context parallelism is not implemented in mlmclm. Missing: "
+    "(1) each CP rank gets the whole sequence and positions 0..S-1 instead of its load-balanced slice of tokens, "
+    "labels, loss mask and positions (megatron's get_batch_on_this_cp_rank); (2) loss, token counts and accuracy "
+    "are reduced over the data-parallel group only, not over data × context parallel; (3) pipeline-parallel "
+    "buffers would be sized for sequence/CP while the ranks send whole sequences; (4) the CPU path (megatron's "
+    "local attention) has no CP attention at all, only TE's does. Training would be silently wrong or hang. "
+    "Use context_parallel=1 (tensor, pipeline and data parallelism cover the paper's sizes at sequence 1024-2048)."
+)
+
+
 @dataclass
 class ParallelConfig:
     """How one model replica is split; data parallelism takes the remaining ranks."""
@@ -35,6 +48,8 @@ class ParallelConfig:
                 raise ValueError("parallel.virtual_pipeline_parallel > 1 needs pipeline_parallel > 1")
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise ValueError("parallel.sequence_parallel needs tensor_parallel > 1 (it splits TP activations)")
+        if self.context_parallel > 1:
+            raise ValueError(CONTEXT_PARALLEL_UNSUPPORTED.format(cp=self.context_parallel))
 
     @property
     def model_parallel_size(self) -> int:

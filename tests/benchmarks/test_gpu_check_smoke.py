@@ -30,6 +30,9 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     for key in ("torch", "cuda", "transformer_engine", "apex", "megatron_core", "layer_spec", "layer_spec_reason"):
         assert key in env
     assert env["layer_spec"] in ("local", "transformer_engine")
+    # One line says which fused kernels are on; without CUDA none is (each needs a GPU kernel).
+    assert env["fused_kernels"].startswith(f"fused kernels ({env['layer_spec']} spec): on: ")
+    assert "masked_softmax_fusion" in env["fused_kernels"] and env["fused_kernels"] in proc.stdout
     assert report["peak_tflops"]["bf16"] == 0.05 and report["peak_tflops"]["fp8"] == 0.1
 
     bf16 = [r for r in report["runs"] if r["precision"] == "bf16"]

@@ -66,3 +66,25 @@ def test_unknown_preset_and_override_are_named():
         preset("eurobert-9b")
     with pytest.raises(ValueError, match="unknown model field"):
         preset("tiny", num_experts=8)
+
+
+def test_context_parallel_is_refused_before_any_process_group_with_what_is_missing():
+    with pytest.raises(ValueError) as err:
+        ParallelConfig(tensor_parallel=2, context_parallel=2)
+    message = str(err.value)
+    assert message.startswith("parallel.context_parallel=2 is not supported")
+    for missing in ("get_batch_on_this_cp_rank", "loss, token counts and accuracy", "pipeline-parallel buffers",
+                    "silently wrong", "Use context_parallel=1"):
+        assert missing in message
+    ParallelConfig(context_parallel=1)  # the default stays valid
+
+
+def test_context_parallel_in_a_training_config_is_refused_when_the_config_is_read():
+    from mlmclm.config_io import apply_overrides
+    from mlmclm.train.config import TrainConfig
+
+    data = {"model": "tiny-test", "run_dir": "/nonexistent/run", "data": {"path": "/nonexistent"}, "phases": [{"objective": {"kind": "mlm"}, "steps": 4}],
+            "total_steps": 4, "global_batch_size": 4}
+    TrainConfig.from_dict(data)  # valid as it is
+    with pytest.raises(ValueError, match="context_parallel=4 is not supported"):
+        TrainConfig.from_dict(apply_overrides(data, ["parallel.context_parallel=4"]))

@@ -51,22 +51,3 @@ def test_emulation_pieces(tmp_path):
     assert r["type_name"] == "torch.cuda.FloatTensor"
     assert r["type_cast"]
     assert r["outer_state_restored"] and r["tracker_advances"] and r["tracker_differs_from_default"]
-
-
-def _build_with_context_parallel(out_path):
-    from mlmclm.model import build_model, preset
-    from mlmclm.parallel import ParallelConfig, init_parallel
-
-    layout = ParallelConfig(context_parallel=2)
-    init_parallel(layout, seed=1)
-    try:
-        build_model(preset("tiny-test"), layout)
-    except ValueError as err:
-        torch.save(str(err), out_path)
-
-
-def test_context_parallel_on_cpu_is_refused_with_the_reason(tmp_path):
-    out = tmp_path / "cp.pt"
-    spawn(_build_with_context_parallel, 2, out)
-    message = torch.load(out)
-    assert "context_parallel > 1 needs Transformer Engine" in message
