@@ -77,3 +77,15 @@ def test_real_import_probes_answer_for_this_machine():
             assert error == f"{name} not importable (ModuleNotFoundError)"
     if importlib.util.find_spec("transformer_engine") is None:
         assert fusions._te_rope_error() is not None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU answer")
+def test_the_fallback_from_transformer_engine_to_local_layers_is_logged(caplog):
+    from mlmclm.model.build import resolve_use_te
+
+    with caplog.at_level(logging.INFO, logger="mlmclm.model.build"):
+        assert resolve_use_te(None) is False
+    assert any("layer spec: megatron local layers, not Transformer Engine (no CUDA device)" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(ValueError, match="Transformer Engine layers requested but unavailable: no CUDA device"):
+        resolve_use_te(True)
