@@ -5,9 +5,8 @@ import logging
 import os
 import warnings
 
+from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
 from mlmclm.train.config import TrainConfig
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: saved and stopped early; run again to continue
 
 
 def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) -> dict:

@@ -28,6 +28,35 @@ def _worker(local_rank: int, fn: Callable, world_size: int, port: int, args: tup
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
-    """Run `fn(*args)` on `world_size` fresh processes; raises if any of them fails."""
-    mp.start_processes(_worker, args=(fn, world_size, free_port(), args), nprocs=world_size,
-                       join=True, start_method="spawn")
+    """Run `fn(*args)` on `world_size` fresh processes; raises if any of them fails.
+
+    When one fails, the others are killed at once (training turns torch's SIGTERM into "save at the next step", so
+    it would wait in a collective with the dead rank until torch's 30 s grace ends), with their children.
+    """
+    context = mp.start_processes(_worker, args=(fn, world_size, free_port(), args), nprocs=world_size,
+                                 join=False, start_method="spawn")
+    try:
+        while not context.join(grace_period=0):
+            pass
+    except BaseException:
+        kill_tree([p.pid for p in context.processes])
+        raise
+
+
+def kill_tree(pids: list[int]) -> None:
+    """SIGKILL these processes and all their descendants, then reap them."""
+    import psutil
+
+    victims = []
+    for pid in pids:
+        try:
+            parent = psutil.Process(pid)
+            victims += parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            pass
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=10)

@@ -28,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(result.__dict__, indent=1))
-    # 75 (EX_TEMPFAIL) after a preemption save, so Slurm requeue / `afterok` dependencies see "not finished".
-    return 75 if result.status == "preempted" else 0
+    # 75 (EX_TEMPFAIL) after a preemption save, so Slurm requeue / `afterok` dependencies see "not finished";
+    # `python -m mlmclm.parallel.torchrun` carries it through the agent.
+    from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
+
+    return PREEMPTED_EXIT_CODE if result.status == "preempted" else 0
 
 
 if __name__ == "__main__":

@@ -161,19 +161,68 @@ def _prune(root: Path, keep_last: int, protect: Path) -> None:
         log.info("pruned checkpoint %s", path.name)
 
 
-def load_weights(path: Path, ddp_chunks) -> None:
-    """Load model weights only (any layout → this layout)."""
+def load_weights(path: Path, ddp_chunks, optimizer=None) -> None:
+    """Load model weights only (any layout, any spec → this one); with `optimizer` (continued pretraining), refresh
+    its main parameters from them.
+
+    The optimizer was built before the load; with bf16 parameters its fp32 main copy still holds the random init and
+    would be copied back over the loaded weights at the first update. megatron's `reload_model_params` is the call
+    Megatron-LM makes for a checkpoint loaded without its optimizer state.
+    """
     sharded = model_sharded_state_dict(ddp_chunks)
-    state = dist_checkpointing.load(sharded, str(path))
+    state = _load_strict(sharded, path, model_only=True)
     _apply_model_state(ddp_chunks, state)
+    if optimizer is not None:
+        optimizer.reload_model_params()
+
+
+# Transformer Engine modules carry an `_extra_state` entry (FP8 scaling metadata) that megatron's local modules do
+# not have. It is the only difference allowed between the keys a model asks for and the keys a checkpoint holds:
+# a local-spec checkpoint loads into a TE model (whose FP8 metadata then starts fresh, as in a new run) and a TE
+# checkpoint into a local model (the metadata is not used there). Every other missing or unexpected key is an error.
+EXTRA_STATE_SUFFIX = "_extra_state"
+
+
+class CheckpointKeyError(CheckpointError):
+    pass
+
+
+def _is_extra_state(key: str) -> bool:
+    return key.split("/")[0].endswith(EXTRA_STATE_SUFFIX)
+
+
+def _load_strict(sharded: dict, path: Path, model_only: bool) -> dict:
+    """dist_checkpointing.load, refusing any key mismatch except TE's `_extra_state` (both directions)."""
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    state, in_checkpoint_only, requested_only = dist_checkpointing.load(
+        sharded, str(path), strict=StrictHandling.RETURN_ALL)
+    # "missing" in megatron's terms: stored, not asked for. A weights-only load leaves the optimizer's out.
+    not_loaded = sorted(k for k in in_checkpoint_only
+                        if not _is_extra_state(k) and not (model_only and k.startswith("optimizer.")))
+    not_found = sorted(k for k in requested_only if not _is_extra_state(k))
+    if not_loaded or not_found:
+        raise CheckpointKeyError(
+            f"{path}: the checkpoint does not match this model: "
+            + (f"missing from the checkpoint: {_preview(not_found)}; " if not_found else "")
+            + (f"in the checkpoint but not in this model: {_preview(not_loaded)}" if not_loaded else ""))
+    return state
+
+
+def _preview(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 def _apply_model_state(ddp_chunks, state: dict) -> None:
-    if len(ddp_chunks) == 1:
-        unwrap(ddp_chunks[0]).load_state_dict(state["model"], strict=False)
-    else:
-        for i, chunk in enumerate(ddp_chunks):
-            unwrap(chunk).load_state_dict(state[f"model{i}"], strict=False)
+    for index, chunk in enumerate(ddp_chunks):
+        key = "model" if len(ddp_chunks) == 1 else f"model{index}"
+        result = unwrap(chunk).load_state_dict(state[key], strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
+        unexpected = [k for k in result.unexpected_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
+        if missing or unexpected:
+            raise CheckpointKeyError(f"model chunk {index}: missing {_preview(missing)}; unexpected "
+                                     f"{_preview(unexpected)}")
 
 
 def _keep_step_when_loading(inner) -> None:
@@ -207,7 +256,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
             param_state.setdefault("step", torch.tensor(0.0))
         _keep_step_when_loading(inner)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=True, metadata=_SHARDING)
-    state = dist_checkpointing.load(sharded, str(path))
+    state = _load_strict(sharded, path, model_only=False)
     _apply_model_state(ddp_chunks, state)
     optimizer.load_state_dict(state["optimizer"])
     for inner in _inner_optimizers(optimizer):

@@ -56,8 +56,14 @@ class CheckpointConfig:
     keep_last: int | None = None  # prune older periodic checkpoints (phase-end ones are kept)
     init_from: str | None = None  # continued pretraining: start from this checkpoint's *weights* only
     resume: bool = True  # continue this run from its latest complete checkpoint, if any
+    # Fields (dotted prefixes) a resume may change although the run then no longer continues exactly, e.g.
+    # [total_steps, phases, schedule] to extend a run. What may always change is listed in train/resume_check.py.
+    allow_resume_changes: list[str] | str = field(default_factory=list)  # a str is split on commas
 
     def __post_init__(self):
+        if isinstance(self.allow_resume_changes, str):  # `checkpoint.allow_resume_changes=[a,b]` on a command line
+            self.allow_resume_changes = [f.strip() for f in self.allow_resume_changes.strip("[]").split(",")
+                                         if f.strip()]
         if self.save_interval is not None and self.save_interval < 1:
             raise ValueError("checkpoint.save_interval must be >= 1 or null")
         if self.keep_last is not None and self.keep_last < 1:

@@ -1,15 +1,16 @@
 """`pretrain(config)`: the whole run — phases, CPT initialisation, exact resume, checkpoints, logging, guards."""
 from __future__ import annotations
 
+import json
 import logging
-import signal
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from mlmclm.data.loader import LoaderConfig, PackedLoader
+from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
 from mlmclm.model.config import ModelConfig
@@ -19,6 +20,9 @@ from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
+from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
+from mlmclm.train.run_lock import RunLock, remove_staging_leftovers
+from mlmclm.train.signals import StopRequest, start_checkpoint_writer_helper, stop_signals_blocked
 from mlmclm.train.step import configure_model_for_schedules, train_step
 
 log = logging.getLogger("mlmclm.train")
@@ -26,10 +30,6 @@ log = logging.getLogger("mlmclm.train")
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient; the last checkpoint is left intact."""
-
-
-class IncompatibleCheckpointError(ValueError):
-    pass
 
 
 @dataclass
@@ -42,61 +42,12 @@ class RunResult:
     tensorboard_dir: str | None = None
 
 
-class _StopRequest:
-    """SIGTERM / SIGUSR1 (Slurm preemption) ask for a save at the next step boundary, then a clean exit."""
-
-    def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def agreed(self) -> bool:
-        flag = torch.tensor([int(self.requested)], dtype=torch.int32, device=current_device())  # NCCL: on the GPU
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
-        return bool(flag.item())
-
-
 def resolve_tokenizer_path(name: str | None) -> str | None:
     if name == "embedded":
         from mlmclm.data.tokenizer import embedded_tokenizer_dir
 
         return str(embedded_tokenizer_dir())
     return name
-
-
-_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
-                 "vocab_size", "norm_eps")
-
-
-def check_same_shape(saved: dict, model: ModelConfig, where: str) -> None:
-    for name in _SHAPE_FIELDS:
-        if saved.get(name) != getattr(model, name):
-            raise IncompatibleCheckpointError(
-                f"{where}: model.{name} is {saved.get(name)!r} in the checkpoint but {getattr(model, name)!r} in "
-                f"this config"
-            )
-
-
-def check_resume_compatible(saved_config: dict, saved_state: dict, cfg: TrainConfig, manifest: Manifest,
-                            where: str) -> None:
-    check_same_shape(saved_config["model"], cfg.model, where)
-    saved_tok = saved_state.get("tokenizer", {})
-    if saved_tok.get("vocab_hash") != manifest.tokenizer.get("vocab_hash"):
-        raise IncompatibleCheckpointError(
-            f"{where}: tokenizer.vocab_hash differs: checkpoint {saved_tok.get('name')!r} "
-            f"({str(saved_tok.get('vocab_hash'))[:12]}) vs data {manifest.tokenizer.get('name')!r} "
-            f"({str(manifest.tokenizer.get('vocab_hash'))[:12]})")
-    if saved_state.get("seq_length") != manifest.seq_length:
-        raise IncompatibleCheckpointError(
-            f"{where}: seq_length is {saved_state.get('seq_length')} in the checkpoint but {manifest.seq_length} "
-            f"in the data")
-    if saved_config["data"]["seed"] != cfg.data.seed:
-        raise IncompatibleCheckpointError(
-            f"{where}: data.seed is {saved_config['data']['seed']} in the checkpoint but {cfg.data.seed} here "
-            f"(the sample order would change)")
 
 
 def check_data_fits_model(cfg: TrainConfig, manifest: Manifest) -> None:
@@ -137,20 +88,63 @@ def _peak_tflops(cfg: TrainConfig) -> float | None:
         return None
 
 
+STATUS_FILE = "run_status.json"  # rank 0's last word on the run: completed, preempted or failed, with the step
+
+
+def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = "") -> None:
+    path = Path(cfg.run_dir) / STATUS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(STATUS_FILE + ".tmp")
+    tmp.write_text(json.dumps({"status": status, "step": step, "detail": detail}))
+    os.replace(tmp, path)
+
+
 def pretrain(cfg: TrainConfig) -> RunResult:
     """Run (or resume) the whole training run described by `cfg` on the ranks torchrun started."""
     state = init_parallel(cfg.parallel, seed=cfg.seed)
+    lock, run = None, None
     try:
-        return _Run(cfg, state).run()
+        lock = _take_run_lock(cfg, state.rank == 0)
+        start_checkpoint_writer_helper()
+        run = _Run(cfg, state, lock)
+        return run.run()
+    except Exception as err:
+        if state.rank == 0:
+            write_status(cfg, "failed", run.iteration if run else None, f"{type(err).__name__}: {err}")
+        raise
     finally:
+        if lock is not None:
+            lock.release()
         destroy_parallel()
 
 
+def _take_run_lock(cfg: TrainConfig, rank0: bool) -> RunLock | None:
+    """Rank 0 locks the run directory and removes torn saves; every rank stops if another run holds it."""
+    lock, error = None, None
+    if rank0:
+        try:
+            lock = RunLock(cfg.checkpoint_dir)
+            for name in remove_staging_leftovers(cfg.checkpoint_dir):
+                log.info("removed %s, left by a save that did not finish", name)
+        except Exception as err:  # shared below so that no rank waits for the others forever
+            error = err
+    failed = torch.tensor([int(error is not None)], dtype=torch.int32, device=current_device())
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if failed.item():
+        raise RuntimeError("rank 0 could not take the run directory's lock (its log says why)")
+    return lock
+
+
 class _Run:
-    def __init__(self, cfg: TrainConfig, state):
-        self.cfg, self.state = cfg, state
+    def __init__(self, cfg: TrainConfig, state, lock: RunLock | None):
+        self.cfg, self.state, self.lock = cfg, state, lock
         self.rank0 = state.rank == 0
-        self.manifest = Manifest.load(cfg.data.path)
+        # One dataset (`data.path`) or a weighted blend (`data.blend`): the loader knows the shared manifest.
+        self.loader = build_loader(cfg.data, cfg.global_batch_size, cfg.micro_batch_size, state.dp_rank,
+                                   state.dp_size)
+        self.manifest = self.loader.manifest
         check_data_fits_model(cfg, self.manifest)
         self.seq = self.manifest.seq_length
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
@@ -161,9 +155,6 @@ class _Run:
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
         configure_model_for_schedules(self.ddp, self.optimizer)
-        self.loader = PackedLoader(LoaderConfig(cfg.data.path, cfg.global_batch_size, cfg.micro_batch_size,
-                                                seed=cfg.data.seed, skip_corrupt=cfg.data.skip_corrupt),
-                                   dp_rank=state.dp_rank, dp_size=state.dp_size)
         self.iteration, self.consumed_tokens, self.consecutive_nonfinite = 0, 0, 0
         self.checkpoints: list[str] = []
         self._restore()
@@ -175,7 +166,8 @@ class _Run:
         if latest is not None:
             saved_cfg = ckpt.read_json(latest, ckpt.RUN_CONFIG)
             saved_state = ckpt.read_json(latest, ckpt.TRAIN_STATE)
-            check_resume_compatible(saved_cfg, saved_state, cfg, self.manifest, str(latest))
+            check_resume_compatible(saved_cfg, saved_state, cfg.to_dict(), cfg.checkpoint.allow_resume_changes,
+                                    self.manifest, str(latest))
             train_state = ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler)
             self.iteration = train_state["iteration"]
             self.consumed_tokens = train_state["consumed_tokens"]
@@ -185,7 +177,7 @@ class _Run:
         elif cfg.checkpoint.init_from:
             source = ckpt.resolve_checkpoint(cfg.checkpoint.init_from)
             check_same_shape(ckpt.read_json(source, ckpt.RUN_CONFIG)["model"], cfg.model, str(source))
-            ckpt.load_weights(source, self.ddp)
+            ckpt.load_weights(source, self.ddp, self.optimizer)
             self._info(f"initialised weights from {source} (fresh optimizer, schedule and data position)")
 
     def _info(self, message: str) -> None:
@@ -201,9 +193,10 @@ class _Run:
 
     def _save(self, phase_index: int, keep: bool) -> None:
         run_config = self.cfg.to_dict()
-        path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.iteration, self.ddp, self.optimizer,
-                                    self.scheduler, self._train_state(phase_index), run_config,
-                                    keep_last=self.cfg.checkpoint.keep_last, keep=keep)
+        with stop_signals_blocked():  # a preemption signal arriving now is handled after the save (signals.py)
+            path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.iteration, self.ddp, self.optimizer,
+                                        self.scheduler, self._train_state(phase_index), run_config,
+                                        keep_last=self.cfg.checkpoint.keep_last, keep=keep)
         self.checkpoints.append(str(path))
         self._info(f"saved checkpoint {path}")
 
@@ -211,9 +204,10 @@ class _Run:
     def run(self) -> RunResult:
         cfg = self.cfg
         bounds = cfg.phase_bounds()
-        stop = _StopRequest()
+        stop = StopRequest()
         if self.rank0:
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+            _rewind_metrics(Path(cfg.run_dir) / "metrics.jsonl", self.iteration)
         logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
                                self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
                                metrics_file=Path(cfg.run_dir) / "metrics.jsonl")
@@ -238,6 +232,8 @@ class _Run:
                 self.consumed_tokens += step_tokens
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
                             cfg.global_batch_size, flops_per_step, self.state.world_size, peak)
+                if self.lock is not None:
+                    self.lock.touch()
                 if result.skipped:
                     self.consecutive_nonfinite += 1
                     logger.text("guard", f"step {self.iteration}: non-finite loss or gradient, update skipped "
@@ -246,9 +242,11 @@ class _Run:
                         raise NonFiniteLossError(
                             f"aborting at step {self.iteration}: {self.consecutive_nonfinite} consecutive steps with "
                             f"a non-finite loss or gradient; the last checkpoint in {cfg.checkpoint_dir} is intact")
-                    continue
-                self.consecutive_nonfinite = 0
-                final_losses[phase.name] = result.loss
+                else:
+                    self.consecutive_nonfinite = 0
+                    final_losses[phase.name] = result.loss
+                # A skipped step still ends its phase and still answers a stop request: the phase-end checkpoint
+                # (a continued-pretraining starting point) and a preemption save must not depend on the last loss.
                 phase_end = self.iteration == bounds[phase_index][1]
                 periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
                 if stop.agreed():
@@ -266,6 +264,8 @@ class _Run:
         finally:
             logger.close()
             self.loader.close()
+        if self.rank0:
+            write_status(cfg, status, self.iteration, self.checkpoints[-1] if self.checkpoints else "")
         return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,
                          str(cfg.tensorboard_dir))
 
@@ -283,3 +283,22 @@ class _Run:
                 + f", {'causal' if objective.causal else 'bidirectional'} attention) from step {self.iteration}")
         logger.text("phase", ("switch to " if previous is not None else "start ") + what, self.iteration)
         return objective
+
+
+def _rewind_metrics(path: Path, step: int) -> None:
+    """Drop the rows after `step` (the resumed checkpoint) that a crashed attempt logged: one row per step."""
+    if not path.exists():
+        return
+    rows = path.read_text().splitlines(keepends=True)
+    kept = [row for row in rows if _row_step(row) is not None and _row_step(row) <= step]
+    if len(kept) != len(rows):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
+def _row_step(row: str) -> int | None:
+    try:
+        return int(json.loads(row)["step"])
+    except (ValueError, KeyError, TypeError):  # a line torn by the crash, or not ours
+        return None

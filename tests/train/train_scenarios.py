@@ -128,8 +128,8 @@ def run_and_report_error(cfg_dict, report_path):
         Path(report_path).write_text(json.dumps({"type": None, "message": ""}))
 
 
-def run_with_nan_from(cfg_dict, first_bad_step, report_path):
-    """Losses turn NaN from `first_bad_step` on (as a diverging run's would); the guard must stop the run."""
+def run_with_nan_at(cfg_dict, bad_steps, report_path):
+    """Losses turn NaN at the steps in `bad_steps` (as a diverging run's would); the guard must skip or stop."""
     from mlmclm.train import step as step_module
 
     original = step_module._loss_func
@@ -139,7 +139,7 @@ def run_with_nan_from(cfg_dict, first_bad_step, report_path):
         loss, count, extra = original(batch, correct, token_losses)
         calls["n"] += 1
         micro_per_step = 4  # global batch 8 / micro batch 2 on one rank
-        if (calls["n"] - 1) // micro_per_step + 1 >= first_bad_step:
+        if (calls["n"] - 1) // micro_per_step + 1 in bad_steps:
             loss = loss * float("nan")
             stats = extra["stats"].clone()
             stats[0] = float("nan")  # the summed loss; token counts stay real
@@ -151,12 +151,21 @@ def run_with_nan_from(cfg_dict, first_bad_step, report_path):
 
 
 def run_cpt_recording(cfg_dict, record_path):
-    """Continued pretraining: record the weights right after initialisation from another run's checkpoint."""
+    """Continued pretraining: record the weights right after initialisation from another run's checkpoint, and
+    after each step."""
     from mlmclm.model.weights import gather_full
     from mlmclm.train import pretrain as pt
 
     original = pt._Run._restore
-    records = {}
+    original_step = pt.train_step
+    records = {"weights_after_step": []}
+
+    def step(ddp, *args, **kwargs):
+        result = original_step(ddp, *args, **kwargs)
+        records["weights_after_step"].append(gather_full(ddp, "weight"))
+        return result
+
+    pt.train_step = step
 
     def restore(self):
         original(self)
@@ -171,3 +180,75 @@ def run_cpt_recording(cfg_dict, record_path):
     _train(cfg_dict)
     if _rank0():
         torch.save(records, record_path)
+
+
+def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
+    """Save and load across the local spec, the TE-keyed stand-in and a genuinely different model (one rank)."""
+    import te_standin
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
+
+    from mlmclm.data.manifest import Manifest
+    from mlmclm.model import build as build_module
+    from mlmclm.model.weights import gather_full
+    from mlmclm.parallel import destroy_parallel, init_parallel
+    from mlmclm.train import checkpoint as ckpt
+    from mlmclm.train.config import TrainConfig
+    from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
+
+    cfg = TrainConfig.from_dict(cfg_dict)
+    local_spec = build_module.block_spec
+    init_parallel(cfg.parallel, seed=cfg.seed)
+    train_state = {"iteration": 1, "tokenizer": Manifest.load(cfg.data.path).tokenizer, "seq_length": SEQ}
+
+    def make(spec):
+        build_module.block_spec = spec
+        try:
+            ddp = wrap_ddp(build_module.build_model(cfg.model, cfg.parallel, cfg.precision), True)
+        finally:
+            build_module.block_spec = local_spec
+        optimizer = build_optimizer(ddp, cfg.optimizer)
+        for inner in optimizer.chained_optimizers:  # the Adam state a first step creates (saving needs it)
+            inner.init_state_fn(inner.optimizer, inner.config)
+            for param_state in inner.optimizer.state.values():
+                param_state["step"] = torch.tensor(1.0)
+        return ddp, optimizer, build_scheduler(optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
+
+    def save(name, parts):
+        ddp, optimizer, scheduler = parts
+        return ckpt.save_checkpoint(Path(out_dir) / name, 1, ddp, optimizer, scheduler, train_state, cfg.to_dict())
+
+    def same_weights(a, b) -> bool:
+        wa, wb = gather_full(a[0]), gather_full(b[0])
+        return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+    def refusal(path, parts, full=False) -> str:
+        try:
+            if full:
+                ckpt.load_full_state(path, *parts)
+            else:
+                ckpt.load_weights(path, parts[0], parts[1])
+        except ckpt.CheckpointKeyError as err:
+            return str(err)
+        return ""
+
+    report = {}
+    local = make(local_spec)
+    local_path = save("local", local)
+    te = make(te_standin.te_keyed_block_spec)
+    report["te_model_extra_state"] = sorted(k for k in te[0][0].module.state_dict() if k.endswith("_extra_state"))
+    report["local_checkpoint_extra_state"] = sorted(
+        k for k in load_sharded_metadata(str(local_path)) if k.endswith("_extra_state"))
+    ckpt.load_weights(local_path, te[0], te[1])  # local spec → TE keys
+    report["local_to_te_same_weights"] = same_weights(local, te)
+    te_path = save("te", te)
+    report["te_checkpoint_extra_state"] = sorted(
+        k for k in load_sharded_metadata(str(te_path)) if k.endswith("_extra_state"))
+    back = make(local_spec)
+    ckpt.load_full_state(te_path, *back)  # TE keys → local spec, optimizer and all
+    report["te_to_local_same_weights"] = same_weights(te, back)
+    biased = make(te_standin.biased_block_spec)
+    report["refused_missing"] = refusal(local_path, biased)
+    report["refused_unexpected"] = refusal(save("biased", biased), back, full=True)
+    report["te_path"] = str(te_path)
+    destroy_parallel()
+    Path(report_path).write_text(json.dumps(report))

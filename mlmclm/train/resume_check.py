@@ -1,0 +1,86 @@
+"""What a resume may change: a run continues exactly only if everything that shapes its numbers is unchanged.
+
+Free to change on resume (they do not change what is computed, or change it only by float reassociation):
+the parallel layout (TP/PP/VPP/CP/DP, sequence parallel, distributed optimizer), the micro-batch size, logging,
+checkpointing (interval, pruning), the run and data locations, the TE/local layer choice, the non-finite guard.
+Everything else — seeds, batch and run length, phases and objectives, schedule, optimizer, model, precision —
+is refused naming the field, unless listed in `checkpoint.allow_resume_changes` (dotted prefixes, e.g.
+`[total_steps, phases, schedule]` to extend a run), which makes the change deliberate and logs it.
+"""
+from __future__ import annotations
+
+import logging
+
+from mlmclm.data.manifest import Manifest
+from mlmclm.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+FREE_ON_RESUME = ("run_dir", "data.path", "data.tokenizer", "data.skip_corrupt", "parallel", "micro_batch_size",
+                  "checkpoint", "logging", "use_te", "max_consecutive_nonfinite",
+                  "optimizer.distributed_optimizer", "model.name")
+
+_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+                 "vocab_size", "norm_eps")
+
+
+class IncompatibleCheckpointError(ValueError):
+    pass
+
+
+def check_same_shape(saved: dict, model: ModelConfig, where: str) -> None:
+    """Weights from `saved` (a checkpoint's model config) fit `model` (continued pretraining)."""
+    for name in _SHAPE_FIELDS:
+        if saved.get(name) != getattr(model, name):
+            raise IncompatibleCheckpointError(
+                f"{where}: model.{name} is {saved.get(name)!r} in the checkpoint but {getattr(model, name)!r} in "
+                f"this config")
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    if isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        out = {f"{prefix}length": len(value)}
+        for index, item in enumerate(value):
+            out.update(_flatten(item, f"{prefix}{index}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _covered(field: str, prefixes) -> bool:
+    return any(field == p or field.startswith(p + ".") for p in prefixes)
+
+
+def changed_fields(saved_config: dict, config: dict) -> dict[str, tuple]:
+    """Dotted field → (checkpoint value, this config's value) for every field present in both that differs."""
+    old, new = _flatten(saved_config), _flatten(config)
+    return {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
+
+
+def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict, allowed: list[str],
+                            manifest: Manifest, where: str) -> None:
+    """Raise `IncompatibleCheckpointError` naming the first change that would make the resume inexact."""
+    saved_tok = saved_state.get("tokenizer", {})
+    if saved_tok.get("vocab_hash") != manifest.tokenizer.get("vocab_hash"):
+        raise IncompatibleCheckpointError(
+            f"{where}: tokenizer.vocab_hash differs: checkpoint {saved_tok.get('name')!r} "
+            f"({str(saved_tok.get('vocab_hash'))[:12]}) vs data {manifest.tokenizer.get('name')!r} "
+            f"({str(manifest.tokenizer.get('vocab_hash'))[:12]})")
+    if saved_state.get("seq_length") != manifest.seq_length:
+        raise IncompatibleCheckpointError(
+            f"{where}: seq_length is {saved_state.get('seq_length')} in the checkpoint but {manifest.seq_length} "
+            f"in the data")
+    for field, (old, new) in changed_fields(saved_config, config).items():
+        if _covered(field, FREE_ON_RESUME):
+            continue
+        if _covered(field, allowed):
+            log.warning("resume: %s changed from %r to %r (allowed by checkpoint.allow_resume_changes)", field, old,
+                        new)
+            continue
+        raise IncompatibleCheckpointError(
+            f"{where}: {field} is {old!r} in the checkpoint but {new!r} here; resuming would not continue the same "
+            f"run. To change it on purpose, allow it: checkpoint.allow_resume_changes=[{field}]")

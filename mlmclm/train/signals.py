@@ -1,0 +1,92 @@
+"""Preemption signals: a stop request agreed by every rank, and a checkpoint writer that the signal cannot kill.
+
+How clusters deliver a preemption: Slurm (`--signal=USR1@120`) or the scheduler signals the srun step; torchrun's
+agent forwards SIGTERM/SIGUSR1 to each worker's whole *process group* (`os.killpg`). That group also holds the helper
+process megatron's checkpoint writer starts (a `multiprocessing` manager serving the write-results queue, created at
+the first save and kept for the run). Killed by the group signal, it takes the save down with it. So:
+- the worker turns the signal into a flag, agreed on by every rank at the next step boundary (`StopRequest`);
+- the helper is started by us, ignoring the stop signals and set to die with its parent (`PR_SET_PDEATHSIG`), so it neither dies early nor outlives the worker;
+- saves run with the stop signals blocked, so any other child a save forks inherits the same protection, and the
+  worker sees the signal (its handler runs) as soon as the save is over.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import signal
+
+import torch
+import torch.distributed as dist
+
+from mlmclm.parallel.runtime import current_device
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """SIGTERM / SIGUSR1 ask for a save at the next step boundary, then a clean exit."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self) -> bool:
+        flag = torch.tensor([int(self.requested)], dtype=torch.int32, device=current_device())  # NCCL: on the GPU
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
+        return bool(flag.item())
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """Hold SIGTERM/SIGUSR1 pending for the duration (children started meanwhile inherit the blocked mask)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _shield_helper() -> None:
+    """Runs first in the helper process (a fresh interpreter: spawning does not keep the parent's signal mask):
+    ignore the stop signals — process-wide, since threads the imports started would take a merely blocked one —
+    and exit when the worker that started it dies, even by SIGKILL (Linux)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the helper still exits at the worker's normal exit
+        pass
+
+
+def start_checkpoint_writer_helper() -> None:
+    """Create megatron's write-results queue ourselves, in a helper shielded as the module docstring says.
+
+    megatron-core 0.19 keeps the queue in `filesystem_async._results_queue` and creates it lazily (unshielded) at the
+    first save; setting it first is the only hook it offers. Without that attribute (another version) nothing is
+    done and the save blocks the signals itself, which protects a helper started during the save as well.
+    """
+    import multiprocessing as mp
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not hasattr(filesystem_async, "_results_queue"):
+        log.warning("megatron's checkpoint writer has no _results_queue: its helper is shielded only during saves")
+        return
+    if filesystem_async._results_queue is not None:
+        return
+    global _writer_manager
+    from multiprocessing.managers import SyncManager
+
+    _writer_manager = SyncManager(ctx=mp.get_context("spawn"))  # what megatron would start, plus the shield
+    _writer_manager.start(initializer=_shield_helper)
+    filesystem_async._results_queue = _writer_manager.Queue()
+
+
+_writer_manager = None  # kept referenced for the life of the process

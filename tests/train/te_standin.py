@@ -1,0 +1,79 @@
+"""A CPU stand-in for megatron-core's Transformer Engine layer spec: the local modules, plus the `_extra_state` entry
+each TE module puts in its state dict.
+
+How the key list was derived (megatron-core 0.19.2, `get_gpt_layer_with_transformer_engine_submodules`, dense
+branch, and TE's modules):
+- `self_attention.linear_qkv` = TELayerNormColumnParallelLinear: `weight`, `layer_norm_weight`, `_extra_state`;
+- `self_attention.core_attention` = TEDotProductAttention: `_extra_state` only;
+- `self_attention.linear_proj` = TERowParallelLinear, `mlp.linear_fc2` = TERowParallelLinear: `weight`, `_extra_state`;
+- `mlp.linear_fc1` = TELayerNormColumnParallelLinear: `weight`, `layer_norm_weight`, `_extra_state`;
+- `input_layernorm` / `pre_mlp_layernorm` = IdentityOp (the norms are fused into the linears above);
+- the block's final norm = TENorm → TE's RMSNorm (a fusible operation): `weight`, `_extra_state`.
+megatron's local spec maps its `input_layernorm.` / `pre_mlp_layernorm.` to the fused `…layer_norm_` names in
+dist checkpoints (`sharded_state_dict_keys_map`), so a local checkpoint and a TE one differ exactly by the
+`_extra_state` entries — which is what this stand-in reproduces, on modules that run on CPU.
+"""
+import torch
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+from mlmclm.model.norm import RMSNorm
+from mlmclm.model.spec import local_layer_spec
+
+EXTRA_STATE = torch.tensor(list(b"fp8-scaling-metadata"), dtype=torch.uint8)  # TE serialises its FP8 meta as bytes
+
+
+class _WithExtraState:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.te_extra_state = EXTRA_STATE.clone()
+
+    def get_extra_state(self):
+        return self.te_extra_state
+
+    def set_extra_state(self, state):
+        self.te_extra_state = state
+
+
+class TEColumnParallelLinearStandIn(_WithExtraState, ColumnParallelLinear):
+    pass
+
+
+class TERowParallelLinearStandIn(_WithExtraState, RowParallelLinear):
+    pass
+
+
+class TEDotProductAttentionStandIn(_WithExtraState, DotProductAttention):
+    pass
+
+
+class TENormStandIn(_WithExtraState, RMSNorm):
+    pass
+
+
+def te_keyed_block_spec(config, use_te: bool, vp_stage=None) -> TransformerBlockSubmodules:
+    """Drop-in for `mlmclm.model.spec.block_spec` that builds the stand-in."""
+    layer = local_layer_spec()
+    attention = layer.submodules.self_attention.submodules
+    attention.linear_qkv = TEColumnParallelLinearStandIn
+    attention.core_attention = TEDotProductAttentionStandIn
+    attention.linear_proj = TERowParallelLinearStandIn
+    mlp = layer.submodules.mlp.submodules
+    mlp.linear_fc1 = TEColumnParallelLinearStandIn
+    mlp.linear_fc2 = TERowParallelLinearStandIn
+    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=TENormStandIn)
+
+
+class RowParallelLinearWithBias(RowParallelLinear):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "bias": True})
+
+
+def biased_block_spec(config, use_te: bool, vp_stage=None) -> TransformerBlockSubmodules:
+    """A genuinely different model: an attention-output bias that no EuroBERT checkpoint has."""
+    layer = local_layer_spec()
+    layer.submodules.self_attention.submodules.linear_proj = RowParallelLinearWithBias
+    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)

@@ -1,0 +1,48 @@
+"""Strict, spec-independent checkpoint loading: a local-spec checkpoint loads into a model with Transformer Engine's
+state-dict keys (a CPU stand-in, see te_standin.py) and back — the `_extra_state` entries being the one tolerated
+difference — while a genuinely different model is refused naming the keys. The TE-keyed checkpoint also exports to
+Hugging Face."""
+import json
+
+import pytest
+
+import train_scenarios as sc
+from mlmclm.parallel.launch import spawn
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("keys")
+    data = sc.make_data(root / "data")
+    spawn(sc.run_checkpoint_key_checks, 1, sc.config(root / "run", data), root / "ckpts", root / "report.json")
+    return json.loads((root / "report.json").read_text())
+
+
+TE_ONLY = ("decoder.layers.self_attention.core_attention._extra_state", "decoder.final_layernorm._extra_state")
+
+
+def test_the_te_keyed_checkpoint_has_extra_state_the_local_one_lacks(report):
+    """megatron's local linears already store an (empty) `_extra_state`; attention and the final norm do not."""
+    assert "decoder.layers.0.self_attention.core_attention._extra_state" in report["te_model_extra_state"]
+    assert "decoder.final_layernorm._extra_state" in report["te_model_extra_state"]
+    for key in TE_ONLY:
+        assert not any(k.startswith(key) for k in report["local_checkpoint_extra_state"]), key
+        assert any(k.startswith(key) for k in report["te_checkpoint_extra_state"]), key
+
+
+def test_local_checkpoint_loads_into_te_keys_and_back(report):
+    assert report["local_to_te_same_weights"]
+    assert report["te_to_local_same_weights"]
+
+
+def test_a_different_model_is_refused_naming_the_keys(report):
+    assert "missing from the checkpoint: decoder.layers.self_attention.linear_proj.bias" in report["refused_missing"]
+    assert "in the checkpoint but not in this model: decoder.layers.self_attention.linear_proj.bias" in \
+        report["refused_unexpected"]
+
+
+def test_a_te_keyed_checkpoint_exports_to_hugging_face(report, tmp_path):
+    from mlmclm.convert.to_hf import ExportConfig, convert_to_hf
+
+    summary = convert_to_hf(ExportConfig(report["te_path"], tmp_path / "hf", verify=True, progress=False))
+    assert summary.max_abs_diff is not None and summary.max_abs_diff <= 1e-4
