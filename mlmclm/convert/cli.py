@@ -11,7 +11,7 @@ from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.convert.hf_config import UnsupportedModelError
 from mlmclm.convert.hf_source import SourceError
 from mlmclm.convert.output import OutputExistsError
-from mlmclm.convert.to_hf import VerificationError
+from mlmclm.convert.verify import VerificationError
 from mlmclm.train.checkpoint import CheckpointError
 
 USER_ERRORS = (CheckpointError, CheckpointReadError, UnsupportedModelError, SourceError, OutputExistsError,

@@ -16,16 +16,13 @@ from tqdm import tqdm
 from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
 from mlmclm.convert.hf_config import eurobert_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
+from mlmclm.convert.verify import VerificationError, verify_export
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOKENIZER_SUBDIR = "tokenizer"  # a checkpoint may carry its tokenizer (convert_from_hf writes one)
-
-
-class VerificationError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -231,12 +228,11 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
         (staging / "README.md").write_text(model_card(source, tok_name, cfg.dtype))
         diff = None
         if cfg.verify:
-            from mlmclm.convert.verify import compare_logits
-
-            diff = compare_logits(source.path, staging, model, cfg.dtype)
-            if not diff <= cfg.tolerance:
-                raise VerificationError(f"verification failed: max |logits HF - ours| = {diff:.3e} > tolerance "
-                                        f"{cfg.tolerance:.1e}; nothing was written to {cfg.output}")
+            try:
+                diff = verify_export(source.path, staging, model, identity, cfg.dtype, cfg.tolerance)
+            except VerificationError as err:
+                raise VerificationError(f"verification of the export to {cfg.output} failed: {err}; nothing was "
+                                        f"written there") from None
         size = dir_size(staging)
     return ExportSummary(
         checkpoint=str(source.path), output=str(cfg.output), num_parameters=writer.num_params, dtype=cfg.dtype,

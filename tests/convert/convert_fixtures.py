@@ -124,3 +124,22 @@ def megatron_logits_worker(checkpoints: list[str], tokens_path: str, out_path: s
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def assert_untouched(out: Path, before: list[str] | None = None):
+    """The output is absent (or exactly as it was) and no staging directory was left beside it."""
+    if before is None:
+        assert not out.exists()
+    else:
+        assert sorted(p.name for p in out.iterdir()) == before
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def tool_main(name: str):
+    """`main` of the CLI as `python tools/NAME.py` runs it (loaded in-process: a fresh interpreter costs seconds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from convert_fixtures import hf_kwargs, make_tokenizer
+from convert_fixtures import assert_untouched, hf_kwargs, make_tokenizer, tool_main
 
 from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.convert.from_hf import ImportConfig, convert_from_hf
@@ -24,15 +24,6 @@ ITER = "iter_0000007"
 
 def export(src, out, **kw):
     return convert_to_hf(ExportConfig(src, out, progress=False, **kw))
-
-
-def assert_untouched(out: Path, before: list[str] | None = None):
-    """The output is absent (or exactly as it was) and no staging directory was left beside it."""
-    if before is None:
-        assert not out.exists()
-    else:
-        assert sorted(p.name for p in out.iterdir()) == before
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
 
 
 @pytest.fixture
@@ -186,16 +177,6 @@ def test_a_source_without_tokenizer_files_gets_a_warning_not_an_error(tmp_path, 
     assert load_source_tokenizer(make_tokenizer(src)) is not None
 
 
-def _tool(name: str):
-    """The CLI module as `python tools/NAME.py` runs it (loaded in-process: a fresh interpreter costs seconds)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_clis_exit_non_zero_with_the_error_and_write_nothing(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -205,7 +186,7 @@ def test_clis_exit_non_zero_with_the_error_and_write_nothing(tmp_path, capsys):
                                   ("convert_from_hf", biased, "biases"),
                                   ("convert_from_hf", broken_tok, f"{broken_tok}: the tokenizer (tokenizer.json")):
         out = tmp_path / f"out_{tool}"
-        assert _tool(tool).main([str(source), str(out)]) == 2
+        assert tool_main(tool)([str(source), str(out)]) == 2
         err = capsys.readouterr().err
         assert "error:" in err and message in err
         assert_untouched(out)
