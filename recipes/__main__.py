@@ -8,12 +8,15 @@
 
 Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainConfig paths (`optimizer.lr=3e-4`);
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
+A local launch checks every data_path first: tiny recipes pack the embedded corpus at their default path, elsewhere
+only with --prepare-data, and never into a non-empty directory. A failed task's own error is printed here.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import warnings
+
+from mlmclm import quiet
 
 
 def parse_args(argv: list[str] | None):
@@ -24,6 +27,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--executor", choices=("local", "slurm"), default="local")
     parser.add_argument("--then", metavar="RECIPE", help="a second task starting from this run's final checkpoint")
     parser.add_argument("--dryrun", action="store_true", help="write the launch scripts, submit nothing")
+    parser.add_argument("--prepare-data", action="store_true",
+                        help="tiny recipes: pack the embedded corpus at data_path when it holds no dataset (at their "
+                             "default path this happens anyway); never writes into a non-empty directory")
     parser.add_argument("--detach", action="store_true", help="return after submitting (Slurm)")
     parser.add_argument("--name", help="experiment title (default: the recipe name)")
     parser.add_argument("--list", action="store_true", help="list the registered recipes")
@@ -33,7 +39,7 @@ def parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
+    quiet.install()
     parser, args = parse_args(argv)
     from recipes import launch, registry
     from cluster.executors import settings
@@ -64,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.then, first))
             tasks.append((args.then if args.then != args.recipe else f"{args.then}-2", launch.chain(first, second)))
         if args.executor == "local" and not args.dryrun:
-            launch.prepare_local_data([args.recipe] + ([args.then] if args.then else []), [t[1] for t in tasks])
+            launch.prepare_local_data([args.recipe] + ([args.then] if args.then else []), [t[1] for t in tasks],
+                                      prepare=args.prepare_data)
+            if note := quiet.kernels_note():
+                print(note)
         exp = launch.launch(tasks, args.executor, overrides.executor, title=args.name, dryrun=args.dryrun,
                             detach=args.detach)
     except (ValueError, TypeError) as err:

@@ -6,6 +6,7 @@ import os
 import warnings
 
 from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
+from mlmclm import quiet
 from mlmclm.train.config import TrainConfig
 
 
@@ -21,8 +22,11 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
         raise RuntimeError(
             f"this recipe was sized for {nodes} node(s) × {gpus_per_node} process(es) = {expected} ranks, but the "
             f"launcher started {actual}; rebuild the recipe with nodes=/gpus_per_node= matching the executor")
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|deprecated|experimental).*")
+    quiet.install(children=False)
+    warnings.filterwarnings("ignore", message=".*(deprecated|experimental).*")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if os.environ.get("RANK", "0") == "0" and (note := quiet.kernels_note()):
+        logging.getLogger("recipes").warning(note)
     from mlmclm.train.pretrain import pretrain
 
     result = pretrain(config)

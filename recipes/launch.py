@@ -10,6 +10,10 @@ The result is validated again after the overrides.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import fiddle as fdl
 import nemo_run as run
 
 from mlmclm.config_io import parse_value
+from mlmclm.data.manifest import MANIFEST_NAME
 from recipes import registry
 from recipes.base import validate
 
@@ -140,30 +145,34 @@ def init_from_param(name: str, first: run.Partial) -> dict:
 
 def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_options: dict | None = None,
            title: str | None = None, dryrun: bool = False, detach: bool = False,
-           base_dir: str | None = None) -> run.Experiment:
+           base_dir: str | None = None, console_log: str | Path | None = None) -> run.Experiment:
     """Run `tasks` as one `run.Experiment`, each task depending on the previous one (a chain when > 1).
 
     On Slurm the dependency is `afterok`: the next job starts only if the previous one finished (a preempted run
     exits non-zero and requeues itself first). Locally, tasks run one after the other.
     `dryrun` writes the scripts (sbatch for Slurm) under the experiment directory without submitting.
+    `console_log`: NeMo-Run's own console output (banners, status, hints) goes to this file instead.
+    A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log.
     """
     title = title or tasks[0][0]
-    with run.Experiment(title, base_dir=base_dir, log_level="WARN") as exp:
-        previous = None
-        for name, partial in tasks:
-            executor = make_executor(executor_kind, partial, executor_options)
-            previous = exp.add(partial, executor=executor, name=name,
-                               dependencies=[previous] if previous else None)
-        if dryrun:
-            exp.dryrun(log=True, delete_exp_dir=False)
-        else:
-            exp.run(detach=detach, tail_logs=False)
-    if not dryrun and not detach:
-        failed = {name: str(info["status"]) for name, info in exp.status(return_dict=True).items()
-                  if str(info["status"]) != "SUCCEEDED"}
-        if failed:
-            raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed: {failed}; logs under "
-                                  f"{exp._exp_dir}")
+    with _console_to(console_log):
+        with run.Experiment(title, base_dir=base_dir, log_level="WARN") as exp:
+            previous = None
+            for name, partial in tasks:
+                executor = make_executor(executor_kind, partial, executor_options)
+                previous = exp.add(partial, executor=executor, name=name,
+                                   dependencies=[previous] if previous else None)
+            if dryrun:
+                exp.dryrun(log=True, delete_exp_dir=False)
+            else:
+                exp.run(detach=detach, tail_logs=False)
+        statuses = {} if dryrun or detach else exp.status(return_dict=True)
+    failed = {name: str(info["status"]) for name, info in statuses.items() if str(info["status"]) != "SUCCEEDED"}
+    if failed:
+        reports = [f"task {name}: {status}\n" + "\n".join("    " + line for line in task_error(exp._exp_dir, name))
+                   for name, status in failed.items()]
+        raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed; logs under {exp._exp_dir}\n"
+                              + "\n".join(reports))
     return exp
 
 
@@ -171,9 +180,88 @@ class TaskFailedError(RuntimeError):
     pass
 
 
-def prepare_local_data(names: list[str], partials: list[run.Partial]) -> None:
-    """Tiny recipes read the embedded corpus: pack it once before launching (idempotent)."""
+@contextlib.contextmanager
+def _console_to(path: str | Path | None):
+    """Send this process's stdout/stderr (file descriptors, so rich's console and child processes too) to `path`."""
+    if path is None:
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+
+_ROOT_CAUSE_RANK = re.compile(r"Root Cause.*?\brank\s*:\s*(\d+)", re.S)
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:", re.M)
+
+
+def task_error(exp_dir: str | Path, task: str, lines: int = 12) -> list[str]:
+    """The last lines of a failed task's own error: the root-cause rank's stderr from torchrun's latest attempt
+    (else any rank's that shows an error), else the task's combined log."""
+    task_dir = Path(exp_dir) / task
+    combined = sorted(task_dir.rglob("combined.log"), key=lambda p: p.stat().st_mtime)
+    combined_text = combined[-1].read_text(errors="replace") if combined else ""
+    attempts = sorted(task_dir.rglob("attempt_*"), key=lambda p: p.stat().st_mtime)
+    candidates = []
+    if attempts:
+        ranks = sorted(attempts[-1].glob("*/stderr.log"), key=lambda p: p.parent.name)
+        cause = _ROOT_CAUSE_RANK.search(combined_text)
+        candidates = [p for p in ranks if cause and p.parent.name == cause.group(1)] + ranks
+    for path in candidates:
+        text = _RANK_PREFIX.sub("", path.read_text(errors="replace")).rstrip()
+        if "Error" in text or "Traceback" in text:
+            return [f"({path})"] + text.splitlines()[-lines:]
+    if combined_text:
+        return [f"({combined[-1]})"] + combined_text.rstrip().splitlines()[-lines:]
+    return [f"(no task log found under {task_dir})"]
+
+
+def _local_path(path: str) -> bool:
+    return "://" not in path and not path.startswith("pipe:")
+
+
+def prepare_local_data(names: list[str], partials: list[run.Partial], prepare: bool = False) -> None:
+    """Check, before a local launch, that every task's data path holds a dataset (its manifest.json).
+
+    The tiny recipes pack the embedded corpus when asked to: at their own default path, or anywhere with
+    `prepare=True` (`--prepare-data`). Nowhere else is data invented, and a non-empty directory that is not a
+    dataset is refused, never written into.
+    """
     for name, partial in zip(names, partials):
         recipe = registry.get(name)
-        if recipe.prepare is not None:
-            recipe.prepare(partial.config.data.path)
+        path = str(partial.config.data.path)
+        if not _local_path(path) or (Path(path) / MANIFEST_NAME).exists():
+            continue
+        default = recipe.parameters().get("data_path")
+        at_default = isinstance(default, str) and Path(default).resolve() == Path(path).resolve()
+        if recipe.prepare is not None and (prepare or at_default):
+            recipe.prepare(path)
+            continue
+        raise ValueError(f"{name}: {not_a_dataset(path)}" + ("; pass --prepare-data to pack the embedded corpus there"
+                         if recipe.prepare is not None and not Path(path).is_file() and not _non_empty(path) else "")
+                         + " (or prepare a dataset with tools/prepare_data.py)")
+
+
+def _non_empty(path: str | Path) -> bool:
+    return Path(path).is_dir() and any(Path(path).iterdir())
+
+
+def not_a_dataset(path: str | Path) -> str:
+    """Why `path` (which has no manifest) is not a dataset, in words."""
+    path = Path(path)
+    if not path.exists():
+        return f"data_path {path} does not exist"
+    if not path.is_dir():
+        return f"data_path {path} is a file, not a dataset directory"
+    if _non_empty(path):
+        return (f"data_path {path} is a non-empty directory that is not a dataset (no {MANIFEST_NAME}); refusing to "
+                f"write into it")
+    return f"data_path {path} is an empty directory (no {MANIFEST_NAME})"

@@ -54,10 +54,15 @@ def tiny_mlm(steps: int = 20, mask_ratio: float = 0.4, processes: int = 2, data_
 
 
 def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MAX_TOKENS) -> Path:
-    """The embedded demo corpus, packed for the tiny recipes; reused when a manifest is already there."""
+    """The embedded demo corpus, packed for the tiny recipes; reused when a manifest is already there.
+
+    Only a missing or empty directory is written into: anything else without a manifest is someone's data."""
     from mlmclm.data.prepare import prepare_embedded_corpus
 
     path = Path(data_path)
     if not (path / "manifest.json").exists():
+        if path.is_file() or (path.is_dir() and any(path.iterdir())):
+            raise ValueError(f"{path} is not empty and not a dataset (no manifest.json): refusing to prepare the "
+                             f"embedded corpus into it")
         prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=max_tokens, progress=False)
     return path

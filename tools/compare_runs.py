@@ -7,6 +7,10 @@ Each --run is LABEL=LOG_DIR[:EVAL_DIR]; LOG_DIR may be empty (LABEL=:EVAL_DIR) w
 """
 from __future__ import annotations
 
+from mlmclm import quiet
+
+quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
+
 import argparse
 import sys
 from pathlib import Path

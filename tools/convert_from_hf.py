@@ -7,6 +7,10 @@ theta and Llama-3 scaling are carried; biases and other RoPE scalings are refuse
 """
 from __future__ import annotations
 
+from mlmclm import quiet
+
+quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
+
 import argparse
 import sys
 from pathlib import Path

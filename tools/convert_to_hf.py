@@ -6,6 +6,10 @@ The model shape, phases and tokenizer come from the checkpoint; any TP/PP/VPP/DP
 """
 from __future__ import annotations
 
+from mlmclm import quiet
+
+quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
+
 import argparse
 import sys
 from pathlib import Path

@@ -9,6 +9,10 @@ Re-running a command skips runs already finished.
 """
 from __future__ import annotations
 
+from mlmclm import quiet
+
+quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
+
 import argparse
 import sys
 from pathlib import Path
