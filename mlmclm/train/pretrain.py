@@ -21,7 +21,7 @@ from mlmclm.train.config import TrainConfig
 from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
-from mlmclm.train.run_lock import RunLock, remove_staging_leftovers
+from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, start_checkpoint_writer_helper, stop_signals_blocked
 from mlmclm.train.step import configure_model_for_schedules, train_step
 
@@ -109,7 +109,7 @@ def pretrain(cfg: TrainConfig) -> RunResult:
         run = _Run(cfg, state, lock)
         return run.run()
     except Exception as err:
-        if state.rank == 0:
+        if state.rank == 0 and not isinstance(err, RunLockedError):  # that directory's status is another run's
             write_status(cfg, "failed", run.iteration if run else None, f"{type(err).__name__}: {err}")
         raise
     finally:

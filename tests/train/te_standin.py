@@ -4,15 +4,21 @@ each TE module puts in its state dict.
 How the key list was derived (megatron-core 0.19.2, `get_gpt_layer_with_transformer_engine_submodules`, dense
 branch, and TE's modules):
 - `self_attention.linear_qkv` = TELayerNormColumnParallelLinear: `weight`, `layer_norm_weight`, `_extra_state`;
-- `self_attention.core_attention` = TEDotProductAttention: `_extra_state` only;
+- `self_attention.core_attention` = TEDotProductAttention: `_extra_state` only, in its state dict — megatron's
+  `TEDotProductAttention.sharded_state_dict` leaves it out of dist checkpoints;
 - `self_attention.linear_proj` = TERowParallelLinear, `mlp.linear_fc2` = TERowParallelLinear: `weight`, `_extra_state`;
 - `mlp.linear_fc1` = TELayerNormColumnParallelLinear: `weight`, `layer_norm_weight`, `_extra_state`;
 - `input_layernorm` / `pre_mlp_layernorm` = IdentityOp (the norms are fused into the linears above);
 - the block's final norm = TENorm → TE's RMSNorm (a fusible operation): `weight`, `_extra_state`.
 megatron's local spec maps its `input_layernorm.` / `pre_mlp_layernorm.` to the fused `…layer_norm_` names in
-dist checkpoints (`sharded_state_dict_keys_map`), so a local checkpoint and a TE one differ exactly by the
-`_extra_state` entries — which is what this stand-in reproduces, on modules that run on CPU.
+dist checkpoints (`sharded_state_dict_keys_map`), and megatron's local linears store an empty `_extra_state` of
+their own; so a local checkpoint and a TE one differ only in `_extra_state` entries (the final norm's), and a TE
+model asks for one no checkpoint has (attention's). This stand-in reproduces exactly that, on modules that run on
+CPU (local attention's `sharded_state_dict` leaves its extra state out, as TE's does).
 """
+import dataclasses
+import functools
+
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -59,9 +65,9 @@ def te_keyed_block_spec(config, use_te: bool, vp_stage=None) -> TransformerBlock
     attention.linear_qkv = TEColumnParallelLinearStandIn
     attention.core_attention = TEDotProductAttentionStandIn
     attention.linear_proj = TERowParallelLinearStandIn
-    mlp = layer.submodules.mlp.submodules
-    mlp.linear_fc1 = TEColumnParallelLinearStandIn
-    mlp.linear_fc2 = TERowParallelLinearStandIn
+    mlp = layer.submodules.mlp  # megatron 0.19: a partial of MLP.as_mlp_submodule(submodules=MLPSubmodules)
+    layer.submodules.mlp = functools.partial(mlp.func, *mlp.args, **{**mlp.keywords, "submodules": dataclasses.replace(
+        mlp.keywords["submodules"], linear_fc1=TEColumnParallelLinearStandIn, linear_fc2=TERowParallelLinearStandIn)})
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=TENormStandIn)
 

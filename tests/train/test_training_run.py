@@ -198,3 +198,18 @@ def test_a_skipped_step_at_a_phase_end_still_saves_the_phase_end_checkpoint(data
     assert rows[sc.SWITCH]["train/skipped"] == 1 and rows[sc.TOTAL]["train/skipped"] == 0
     state = json.loads((run_dir / "checkpoints" / f"iter_{sc.SWITCH:07d}" / ckpt.TRAIN_STATE).read_text())
     assert state["keep"] and state["phase_name"] == "clm"  # the CPT starting point exists
+
+
+def test_a_blend_of_datasets_trains_and_checkpoints_its_position(data, tmp_path):
+    """Wiring only (the blend's order, proportions and resume are tested in tests/data): `data.blend` replaces
+    `data.path`, and the checkpoint carries the blend's loader state."""
+    other = sc.make_data(tmp_path / "other")
+    run_dir = tmp_path / "blend"
+    cfg = sc.config(run_dir, data, tp=1, total_steps=3, phases=[{"objective": {"kind": "mlm"}, "steps": 3}],
+                    schedule={"style": "constant"})
+    cfg["data"] = {"blend": {str(data): 0.75, str(other): 0.25}, "tokenizer": "embedded"}
+    spawn(sc.run_and_report_error, 1, cfg, tmp_path / "error.json")
+    assert json.loads((tmp_path / "error.json").read_text())["type"] is None
+    state = json.loads((run_dir / "checkpoints" / "iter_0000003" / ckpt.TRAIN_STATE).read_text())
+    assert state["loader"]["kind"] == "blend" and state["loader"]["consumed_samples"] == 3 * 8
+    assert sum(d["consumed_samples"] for d in state["loader"]["datasets"]) == 3 * 8

@@ -236,13 +236,11 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
     local_path = save("local", local)
     te = make(te_standin.te_keyed_block_spec)
     report["te_model_extra_state"] = sorted(k for k in te[0][0].module.state_dict() if k.endswith("_extra_state"))
-    report["local_checkpoint_extra_state"] = sorted(
-        k for k in load_sharded_metadata(str(local_path)) if k.endswith("_extra_state"))
+    report["local_checkpoint_extra_state"] = _extra_state_keys(load_sharded_metadata(str(local_path)))
     ckpt.load_weights(local_path, te[0], te[1])  # local spec → TE keys
     report["local_to_te_same_weights"] = same_weights(local, te)
     te_path = save("te", te)
-    report["te_checkpoint_extra_state"] = sorted(
-        k for k in load_sharded_metadata(str(te_path)) if k.endswith("_extra_state"))
+    report["te_checkpoint_extra_state"] = _extra_state_keys(load_sharded_metadata(str(te_path)))
     back = make(local_spec)
     ckpt.load_full_state(te_path, *back)  # TE keys → local spec, optimizer and all
     report["te_to_local_same_weights"] = same_weights(te, back)
@@ -252,3 +250,8 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
     report["te_path"] = str(te_path)
     destroy_parallel()
     Path(report_path).write_text(json.dumps(report))
+
+
+def _extra_state_keys(metadata: dict) -> list[str]:
+    """`_extra_state` entries of a dist checkpoint (stored as objects: `KEY/shard_i_n`)."""
+    return sorted({k.split("/")[0] for k in metadata if k.split("/")[0].endswith("_extra_state")})
