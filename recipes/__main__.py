@@ -5,11 +5,13 @@
     python -m recipes tiny_clm_mlm               # CPU: 2 torchrun processes through NeMo-Run's LocalExecutor
     python -m recipes clm_mlm_610m nodes=4 clm_share=0.5 total_steps=22000 --executor slurm --dryrun
     python -m recipes clm_610m total_steps=31500 --then cpt_610m then.steps=10500 --executor slurm
+    python -m recipes grid paper --plan          # the paper's 38 runs (= python -m recipes.sweep paper --plan)
 
 Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainConfig paths (`optimizer.lr=3e-4`);
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
 A local launch checks every data_path first: tiny recipes pack the embedded corpus at their default path, elsewhere
-only with --prepare-data, and never into a non-empty directory. A failed task's own error is printed here.
+only with --prepare-data, and never into a non-empty directory. A failed task's own error is printed here; a task
+that stopped for a preemption after saving exits 75 (run the same command again to resume).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import argparse
 import sys
 
 from mlmclm import quiet
+from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
 
 
 def parse_args(argv: list[str] | None):
@@ -40,6 +43,11 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     quiet.install()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["grid"]:  # `python -m recipes grid paper|tiny ...`: the paper's whole grid (recipes/sweep.py)
+        from recipes import sweep
+
+        return sweep.main(argv[1:])
     parser, args = parse_args(argv)
     from recipes import launch, registry
     from cluster.executors import settings
@@ -79,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except launch.TaskPreemptedError as err:
+        print(str(err), file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     except launch.TaskFailedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ The result is validated again after the overrides.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -169,6 +170,8 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
         statuses = {} if dryrun or detach else exp.status(return_dict=True)
     failed = {name: str(info["status"]) for name, info in statuses.items() if str(info["status"]) != "SUCCEEDED"}
     if failed:
+        if message := preemption_report(list(failed), {name: run_dir_of(partial) for name, partial in tasks}):
+            raise TaskPreemptedError(message)
         reports = [f"task {name}: {status}\n" + "\n".join("    " + line for line in task_error(exp._exp_dir, name))
                    for name, status in failed.items()]
         raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed; logs under {exp._exp_dir}\n"
@@ -178,6 +181,30 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
 
 class TaskFailedError(RuntimeError):
     pass
+
+
+class TaskPreemptedError(TaskFailedError):
+    """Every failed task stopped for a preemption after saving (the ranks exit 75; NeMo-Run only sees "failed")."""
+
+
+def preemption_report(failed: list[str], run_dirs: dict[str, str]) -> str | None:
+    """When every failed task stopped for a preemption after saving, say so (else None: a real failure)."""
+    states = {name: run_status(run_dirs[name]) for name in failed}
+    if not failed or any(state.get("status") != "preempted" for state in states.values()):
+        return None
+    return "\n".join(f"task {name}: PREEMPTED at step {state.get('step')}, checkpoint saved in {run_dirs[name]}; run "
+                     f"the same command again to resume" for name, state in states.items())
+
+
+def run_status(run_dir: str) -> dict:
+    """What the run's rank 0 last wrote to RUN/run_status.json ({} if nothing, or not a local path)."""
+    from mlmclm.train.pretrain import STATUS_FILE
+
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 @contextlib.contextmanager
