@@ -24,6 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mlmclm import quiet  # noqa: E402
+
+quiet.install()
+
 
 def _config_file(out: Path, run_dir: Path, data: Path, steps: int) -> Path:
     from recipes.base import validate

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mlmclm.data.loader import LoaderConfig, PackedLoader
+from mlmclm.data.loader import LoaderConfig, PackedLoader, check_batch_split
 from mlmclm.data.manifest import Manifest
 from mlmclm.data.tokenizer import check_same_tokenizer
 
@@ -49,11 +49,7 @@ def dataset_seed(seed: int, index: int) -> int:
 
 class BlendedLoader:
     def __init__(self, cfg: BlendConfig, dp_rank: int = 0, dp_size: int = 1, expected_tokenizer: dict | None = None):
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
-        if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
-            raise ValueError(f"global_batch_size {cfg.global_batch_size} is not a multiple of micro_batch_size "
-                             f"{cfg.micro_batch_size} x dp_size {dp_size}")
+        check_batch_split(cfg.global_batch_size, cfg.micro_batch_size, dp_rank, dp_size)
         self.cfg, self.dp_rank, self.dp_size = cfg, dp_rank, dp_size
         self.names = list(cfg.datasets)
         total = float(sum(cfg.datasets.values()))

@@ -55,13 +55,18 @@ class LoaderConfig:
             raise ValueError(f"cache_bytes must be non-negative, got {self.cache_bytes}")
 
 
+def check_batch_split(global_batch_size: int, micro_batch_size: int, dp_rank: int, dp_size: int) -> None:
+    """Every DP rank takes whole micro-batches of each global batch."""
+    if not 0 <= dp_rank < dp_size:
+        raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
+    if global_batch_size % (micro_batch_size * dp_size):
+        raise ValueError(f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
+                         f"{micro_batch_size} x dp_size {dp_size}")
+
+
 class PackedLoader:
     def __init__(self, cfg: LoaderConfig, dp_rank: int = 0, dp_size: int = 1, expected_tokenizer: dict | None = None):
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
-        if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
-            raise ValueError(f"global_batch_size {cfg.global_batch_size} is not a multiple of micro_batch_size "
-                             f"{cfg.micro_batch_size} x dp_size {dp_size}")
+        check_batch_split(cfg.global_batch_size, cfg.micro_batch_size, dp_rank, dp_size)
         self.cfg, self.dp_rank, self.dp_size = cfg, dp_rank, dp_size
         self.manifest = Manifest.load(cfg.path)
         m = self.manifest

@@ -13,7 +13,6 @@ import torch.distributed as dist
 from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
-from mlmclm.model.config import ModelConfig
 from mlmclm.objectives import build_objective
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.train import checkpoint as ckpt

@@ -11,9 +11,8 @@ from mlmclm.parallel.launch import spawn
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("keys")
-    data = sc.make_data(root / "data")
     spawn(sc.run_checkpoint_key_checks, 1, sc.config(root / "run", data), root / "ckpts", root / "report.json")
     return json.loads((root / "report.json").read_text())
 

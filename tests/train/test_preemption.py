@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 import train_scenarios as sc
 from mlmclm.train import checkpoint as ckpt
@@ -67,11 +66,6 @@ def _assert_all_gone(processes: list) -> None:
     time.sleep(1.0)  # a helper that dies with its parent needs a moment
     alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {[(p.pid, p.cmdline()[:4]) for p in alive]}"
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return sc.make_data(tmp_path_factory.mktemp("data_preempt"))
 
 
 def test_signals_to_the_torchrun_agent_save_report_and_resume_exactly(data, tmp_path):

@@ -25,11 +25,6 @@ def bf16_config(run_dir, data, dp=2, **overrides):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return sc.make_data(tmp_path_factory.mktemp("data_bf16"))
-
-
-@pytest.fixture(scope="module")
 def reference(tmp_path_factory, data):
     """Uninterrupted bf16 run on 2 processes: DP=2, distributed optimizer, CLM 4 steps then MLM 6."""
     run_dir = tmp_path_factory.mktemp("reference_bf16")

@@ -25,11 +25,6 @@ def phase_loss(row):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return sc.make_data(tmp_path_factory.mktemp("data"))
-
-
-@pytest.fixture(scope="module")
 def reference(tmp_path_factory, data):
     """The uninterrupted run: 2 processes at TP=2, CLM for 4 steps then MLM for 6, saving every 3 steps."""
     run_dir = tmp_path_factory.mktemp("reference")
