@@ -10,6 +10,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mlmclm.model.sparse_head import flat_positions, select_labels, sparse_head_loss
 from mlmclm.model.weights import unwrap
 from mlmclm.objectives import ObjectiveBatch
 from mlmclm.objectives.loss import AccuracyTap
@@ -27,24 +28,31 @@ class StepResult:
     skipped: bool  # non-finite loss or gradients: no update was made
 
 
-def _loss_func(batch: ObjectiveBatch, correct: torch.Tensor, token_losses: torch.Tensor):
+def _loss_func(loss_mask: torch.Tensor, correct: torch.Tensor, token_losses: torch.Tensor):
     """Summed loss over predicted tokens (megatron divides by the global batch's count), and logging stats."""
-    loss_sum = (token_losses.float() * batch.loss_mask).sum()
-    count = batch.loss_mask.sum()
+    loss_sum = (token_losses.float() * loss_mask).sum()
+    count = loss_mask.sum()
     stats = torch.stack([loss_sum.detach(), count.detach(), correct.detach().to(count.dtype)])
     return loss_sum, count.to(torch.int), {"stats": stats}
 
 
 def _forward_step(data_iterator, model):
-    batch: ObjectiveBatch = next(data_iterator)
+    batch, predicted = next(data_iterator)
     seq = batch.input_ids.shape[1]
     positions = torch.arange(seq, device=batch.input_ids.device).unsqueeze(0).expand_as(batch.input_ids)
+    if predicted is None:
+        # Full head: megatron returns per-token losses [b, s] (vocab-parallel CE on its [s, b, v] logits).
+        labels, loss_mask, head = batch.labels.clamp(min=0), batch.loss_mask, {}
+    else:
+        # Sparse head: the output layer and CE only at the labelled positions; losses [1, n], every one counted.
+        labels = select_labels(batch.labels, predicted)
+        loss_mask = torch.ones(labels.shape, dtype=batch.loss_mask.dtype, device=labels.device)
+        head = {"output_processor": sparse_head_loss, "output_processor_context": predicted}
     tap = getattr(unwrap(model), "accuracy_tap", None)  # only on the chunk that holds the output layer
     if tap is not None:
-        tap.labels, tap.loss_mask = batch.labels, batch.loss_mask
-    # With labels, megatron returns per-token losses [b, s] (vocab-parallel CE on its [s, b, v] logits).
-    output = model(batch.input_ids, positions, None, labels=batch.labels.clamp(min=0))
-    return output, partial(_loss_func, batch, tap.take() if tap is not None else None)
+        tap.labels, tap.loss_mask = labels, loss_mask
+    output = model(batch.input_ids, positions, None, labels=labels, **head)
+    return output, partial(_loss_func, loss_mask, tap.take() if tap is not None else None)
 
 
 def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
@@ -61,15 +69,24 @@ def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
     config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
 
 
-def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False) -> torch.Tensor:
-    """Run the schedule; return [loss_sum, predicted_tokens, correct] summed over the global batch, on every rank."""
+def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False,
+                     sparse_head: bool = True) -> torch.Tensor:
+    """Run the schedule; return [loss_sum, predicted_tokens, correct] summed over the global batch, on every rank.
+
+    `sparse_head`: for bidirectional (MLM) batches, run the output layer and CE at labelled positions only (same
+    loss and gradients as the full head, fewer FLOPs). Causal (CLM) batches always use the full head."""
     seq = micro_batches[0].input_ids.shape[1]
     mbs = micro_batches[0].input_ids.shape[0]
+    if sparse_head and not micro_batches[0].causal:
+        predicted = flat_positions([mb.loss_mask for mb in micro_batches])
+    else:
+        predicted = [None] * len(micro_batches)
+    items = list(zip(micro_batches, predicted))
     if len(ddp_chunks) > 1:
         # Interleaved schedule: one iterator per model chunk, each over the same micro-batches.
-        iterators = [iter(micro_batches) for _ in ddp_chunks]
+        iterators = [iter(items) for _ in ddp_chunks]
     else:
-        iterators = iter(micro_batches)
+        iterators = iter(items)
     outputs = get_forward_backward_func()(
         forward_step_func=_forward_step,
         data_iterator=iterators,
@@ -89,11 +106,12 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
     return stats
 
 
-def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBatch]) -> StepResult:
+def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBatch],
+               sparse_head: bool = True) -> StepResult:
     for chunk in ddp_chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    stats = forward_backward(ddp_chunks, micro_batches)
+    stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head)
     loss_sum, count, correct = stats.tolist()
     finite = torch.isfinite(stats).all() & grads_are_finite(ddp_chunks)
     finite = finite.to(torch.int32)
