@@ -18,10 +18,10 @@ the QK^T/AV work of bidirectional attention, and only that half is useful model 
 (the default) counts S/2 keys per query for causal attention. Pass False to count the full S×S product, which is
 what an unfused kernel that materialises and then masks the score matrix executes (hardware FLOPs, not model FLOPs).
 
-LM head: our loss (`mlmclm.objectives.loss`) computes logits at EVERY position, for CLM and MLM alike, and takes
-the cross entropy only at predicted positions; so the default counts the head for all positions
-(`lm_head_fraction=1.0`). A gather-before-head implementation (select the predicted positions, then project) would
-cost only `lm_head_fraction = predicted / total positions` of that (e.g. the MLM mask ratio).
+LM head: CLM computes logits at every position (`lm_head_fraction=1.0`, the default). MLM runs the output layer
+and cross entropy only at the masked positions (`mlmclm.model.sparse_head`), so the head costs
+`lm_head_fraction = predicted / total positions`, which is the mask ratio in expectation (special tokens are never
+masked, so slightly less on real text): `lm_head_fraction(objective)` gives it for an objective config.
 """
 from __future__ import annotations
 
@@ -86,6 +86,12 @@ def flops_per_token(model: ModelConfig, seq_length: int, *, causal: bool = False
     b = flop_breakdown(model, seq_length, causal=causal, causal_attention_half=causal_attention_half,
                        lm_head_fraction=lm_head_fraction, vocab_size=vocab_size)
     return b.training_flops if training else b.forward_flops
+
+
+def lm_head_fraction(objective) -> float:
+    """Fraction of positions the LM head runs at for an `ObjectiveConfig`: all for CLM, the mask ratio for MLM
+    (the sparse head predicts masked positions only)."""
+    return 1.0 if objective.kind == "clm" else float(objective.mask_ratio)
 
 
 def flops_per_step(model: ModelConfig, seq_length: int, sequences_per_step: int, **kwargs) -> float:

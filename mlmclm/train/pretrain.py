@@ -69,10 +69,11 @@ def check_data_fits_model(cfg: TrainConfig, manifest: Manifest) -> None:
         check_same_tokenizer(tok, expected, where=manifest.location)
 
 
-def _flops_per_step(cfg: TrainConfig, seq_length: int, kind: str) -> float:
+def _flops_per_step(cfg: TrainConfig, seq_length: int, objective) -> float:
     from mlmclm import flops
 
-    return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, causal=kind == "clm")
+    return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, causal=objective.kind == "clm",
+                                lm_head_fraction=flops.lm_head_fraction(objective))
 
 
 def _peak_tflops(cfg: TrainConfig) -> float | None:
@@ -220,7 +221,7 @@ class _Run:
                 phase = cfg.phases[phase_index]
                 if phase_index != current:
                     objective = self._enter_phase(phase_index, current, logger)
-                    flops_per_step = _flops_per_step(cfg, self.seq, phase.objective.kind)
+                    flops_per_step = _flops_per_step(cfg, self.seq, phase.objective)
                     current = phase_index
                 micro = self.loader.next_global_batch()
                 batches = [objective.prepare(mb["tokens"].to(self.state.device), mb["sample_ids"].to(self.state.device))

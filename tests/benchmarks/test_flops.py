@@ -74,3 +74,13 @@ def test_mfu():
     assert mfu(10_000, 6e9, 1.2e14) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         mfu(1.0, 1.0, 0.0)
+
+
+def test_mlm_counts_the_head_at_masked_positions_only():
+    from mlmclm.flops import lm_head_fraction
+    from mlmclm.objectives import ObjectiveConfig
+
+    assert lm_head_fraction(ObjectiveConfig("clm")) == 1.0
+    assert lm_head_fraction(ObjectiveConfig("mlm", mask_ratio=0.4)) == 0.4
+    mlm = flops_per_token(SHAPE, S, lm_head_fraction=lm_head_fraction(ObjectiveConfig("mlm", mask_ratio=0.25)))
+    assert mlm == 6 * (2 * (Q + KV + OUT + MLP + ATT_BIDIR) + HEAD / 4)
