@@ -75,6 +75,10 @@ SLURM_ENV = {
     # them up to 110 s (inside the 120 s notice) before killing them.
     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
     "PET_SHUTDOWN_TIMEOUT": "110",
+    # From NVIDIA's Megatron-Bridge / NeMo 2 performance recipes (their per-job env for Hopper LLM training):
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",  # free NCCL buffers by stream sync, not recordStream (less memory held)
+    "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP off: its buffers cost GPU memory, and dense models gain little
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # less fragmentation with varying activation shapes
 }
 
 

@@ -24,7 +24,10 @@ def test_slurm_dryrun_writes_the_sbatch_script(nemo_home, tmp_path, capsys):
                  "#SBATCH --signal=USR1@120", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
                  # 8 ranks per node: the torchrun task gets 8 cores per GPU, not Slurm's default single CPU.
                  "#SBATCH --cpus-per-task=64",
-                 "export TORCHX_MAX_RETRIES=3"):
+                 "export TORCHX_MAX_RETRIES=3",
+                 # NVIDIA's recipe environment for NCCL and the CUDA allocator
+                 "export TORCH_NCCL_AVOID_RECORD_STREAMS=1", "export NCCL_NVLS_ENABLE=0",
+                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"):
         assert line in text.splitlines(), line
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert f"--container-image {IMAGE}" in srun
