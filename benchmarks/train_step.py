@@ -4,12 +4,15 @@ EuroBertForMaskedLM with torch.optim.AdamW: same shape, weights, batch, sequence
 
     python benchmarks/train_step.py                                  # hidden 256, 4 layers, seq 256, batch 8
     python benchmarks/train_step.py --hidden 512 --layers 8 --rounds 5
+    python benchmarks/train_step.py --vocab 128256 --columns ours ours-full hf-sdpa   # the paper's vocabulary
 
 Each side lives in its own worker process, so the CPU emulation that megatron needs here (a TorchFunctionMode
 that sees every torch call, `mlmclm/parallel/cpu_emulation.py`) is installed only where it belongs. The parent
 alternates the workers round by round (only one computes at a time) and takes each side's fastest round (as timeit
 does: other load on the machine only ever slows a round down), with the median printed too. Columns:
-  ours             `mlmclm.train.step.train_step` (megatron schedules, DDP, megatron AdamW + clipping)
+  ours             `mlmclm.train.step.train_step` (megatron schedules, DDP, megatron AdamW + clipping); MLM's
+                   output layer and cross entropy run at the masked positions only (the sparse head)
+  ours-full        the same with the head over every position (`sparse_head=False`), as before the sparse head
   hf-sdpa          HF model (its default SDPA attention), CE over masked positions, clip, torch AdamW
   hf-eager         the same with HF's eager attention (matmul + softmax, like megatron's local attention on CPU)
   hf-eager+emu     hf-eager with the CPU emulation installed: what the TorchFunctionMode alone costs
@@ -25,7 +28,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 
-COLUMNS = ("ours", "hf-sdpa", "hf-eager", "hf-eager+emu")
+COLUMNS = ("ours", "ours-full", "hf-sdpa", "hf-eager", "hf-eager+emu")
 SPECIAL_IDS, MASK_ID = [0, 1, 2, 3], 3
 
 
@@ -87,7 +90,7 @@ def masked_batches(cfg: BenchConfig):
     return out
 
 
-def ours_stepper(cfg: BenchConfig):
+def ours_stepper(cfg: BenchConfig, sparse_head: bool = True):
     from mlmclm.model import build_model
     from mlmclm.model.hf_mapping import hf_to_megatron
     from mlmclm.model.weights import load_full_weights
@@ -102,11 +105,11 @@ def ours_stepper(cfg: BenchConfig):
     chunks = build_model(shape, ParallelConfig(), causal=False)
     load_full_weights(chunks, weights.__getitem__)
     opt_cfg = OptimizerConfig()
-    ddp = wrap_ddp(chunks, opt_cfg.distributed_optimizer)
+    ddp = wrap_ddp(chunks, opt_cfg.distributed_optimizer, opt_cfg.overlap_grad_reduce)
     optimizer = build_optimizer(ddp, opt_cfg)
     scheduler = build_scheduler(optimizer, opt_cfg, ScheduleConfig(style="constant"), total_steps=10**6)
     configure_model_for_schedules(ddp, optimizer)
-    return lambda batch: train_step(ddp, optimizer, scheduler, [batch]).loss
+    return lambda batch: train_step(ddp, optimizer, scheduler, [batch], sparse_head=sparse_head).loss
 
 
 def hf_stepper(cfg: BenchConfig, attention: str):
@@ -147,8 +150,8 @@ def worker(column: str, cfg: BenchConfig, conn) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        if column == "ours":
-            step = ours_stepper(cfg)
+        if column in ("ours", "ours-full"):
+            step = ours_stepper(cfg, sparse_head=column == "ours")
         else:
             if column.endswith("+emu"):
                 from mlmclm.parallel import cpu_emulation

@@ -151,7 +151,7 @@ class _Run:
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te)
-        self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer)
+        self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
         configure_model_for_schedules(self.ddp, self.optimizer)

@@ -67,6 +67,10 @@ def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
     config.grad_scale_func = optimizer.scale_loss
     no_sync = [chunk.no_sync for chunk in ddp_chunks]
     config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    if ddp_chunks[0].ddp_config.overlap_grad_reduce:
+        # As megatron's own training loop: the pipeline schedules start each chunk's grad reduction themselves.
+        grad_sync = [chunk.start_grad_sync for chunk in ddp_chunks]
+        config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
 
 
 def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False,

@@ -106,7 +106,8 @@ def _worker(out_path):
             for distributed_optimizer in (False, True):
                 chunks = build_model(SHAPE, layout, causal=batch.causal)
                 load_full_weights(chunks, initial.__getitem__)
-                ddp = wrap_ddp(chunks, distributed_optimizer)
+                # The update runs with the gradient reduction overlapped with backward (bucket by bucket).
+                ddp = wrap_ddp(chunks, distributed_optimizer, overlap_grad_reduce=distributed_optimizer)
                 optimizer = build_optimizer(ddp, OptimizerConfig(**{**OPT.__dict__,
                                                                    "distributed_optimizer": distributed_optimizer}))
                 scheduler = build_scheduler(optimizer, OPT, ScheduleConfig(style="constant"), total_steps=10)
