@@ -4,8 +4,8 @@ uninterrupted one. Not a test: a measurement of how training survives faults.
     python tools/fault_injection.py --trials 10 --seed 0 --out artifacts/faults
 
 Each trial launches the `tiny_clm_mlm` recipe's training config on 2 CPU ranks (`python -m mlmclm.parallel.torchrun`)
-and, after a random delay, SIGKILLs one random victim: a rank, the torchrun agent, a checkpoint-writer helper, or
-the whole process tree (a node lost). Then it relaunches until the run completes (killing again in the first
+and, after a random delay, SIGKILLs one random victim: a rank, the torchrun agent, a helper process of a rank (the
+checkpoint writer's manager, or multiprocessing's resource tracker), or the whole process tree (a node lost). Then it relaunches until the run completes (killing again in the first
 relaunch with probability 1/2, so resumes are also interrupted) and compares the loss and learning rate of every
 step with the uninterrupted reference. A trial passes when they are all identical.
 """
