@@ -95,6 +95,9 @@ class TrainConfig:
     seed: int = 1234
     max_consecutive_nonfinite: int = 3  # abort after this many skipped (NaN/Inf) steps in a row
     use_te: bool | None = None  # Transformer Engine layers: None = when available
+    # Python GC every N steps on every rank instead of automatically (0 = automatic). 100 as in NVIDIA's
+    # Megatron-Bridge recipes (manual_gc=True, manual_gc_interval=100); see mlmclm.train.step.ManualGC.
+    manual_gc_interval: int = 100
 
     def __post_init__(self):
         if not self.phases:
@@ -105,6 +108,8 @@ class TrainConfig:
             raise ValueError("global_batch_size and micro_batch_size must be >= 1")
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be >= 1")
+        if self.manual_gc_interval < 0:
+            raise ValueError(f"manual_gc_interval must be >= 0 (0 = automatic GC), got {self.manual_gc_interval}")
         self.phase_steps()  # validates that the phases fill the run exactly
         self.schedule.check(self.total_steps)
         self.model.validate_layout(self.parallel)

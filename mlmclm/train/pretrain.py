@@ -22,7 +22,7 @@ from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, start_checkpoint_writer_helper, stop_signals_blocked
-from mlmclm.train.step import configure_model_for_schedules, train_step
+from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
 
 log = logging.getLogger("mlmclm.train")
 
@@ -212,6 +212,8 @@ class _Run:
                                self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
                                metrics_file=Path(cfg.run_dir) / "metrics.jsonl")
         final_losses: dict[str, float] = {}
+        gc_control = ManualGC(cfg.manual_gc_interval)
+        gc_control.start()
         peak = _peak_tflops(cfg)
         current, objective, flops_per_step = None, None, 0.0
         status = "completed"
@@ -228,6 +230,7 @@ class _Run:
                            for mb in micro]
                 result = train_step(self.ddp, self.optimizer, self.scheduler, batches)
                 self.iteration += 1
+                gc_control.step(self.iteration)
                 step_tokens = cfg.global_batch_size * self.seq
                 self.consumed_tokens += step_tokens
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
@@ -262,6 +265,7 @@ class _Run:
                             "lr": cfg.optimizer.lr},
                            {f"final/{k}/loss": v for k, v in final_losses.items()})
         finally:
+            gc_control.stop()
             logger.close()
             self.loader.close()
         if self.rank0:
