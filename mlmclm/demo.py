@@ -121,18 +121,26 @@ def _mlm(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir), AutoModelForMaskedLM.from_pretrained(model_dir).eval()
 
 
+def masked_positions(tokenizer, passages: list[str], mask_ratio: float, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Each passage's token ids (first 128) and the positions masked in it: `mask_ratio` of the tokens, drawn with a
+    fixed seed, so every model — and the unigram baseline — is scored on the same masked tokens."""
+    rng = random.Random(seed)
+    out = []
+    for passage in passages:
+        ids = tokenizer(passage, add_special_tokens=False)["input_ids"][:128]
+        out.append((ids, rng.sample(range(len(ids)), max(1, round(mask_ratio * len(ids))))))
+    return out
+
+
 def fill_mask_scores(model_dir: Path, passages: list[str], mask_ratio: float, seed: int = 0):
     """Masked-token cross entropy (nats) and top-1 accuracy on `passages`, masking `mask_ratio` of the tokens the
     way training does (mask token only, positions drawn with a fixed seed: the same for every model)."""
     import torch
 
     tokenizer, model = _mlm(model_dir)
-    rng = random.Random(seed)
     total, correct, count = 0.0, 0, 0
     with torch.no_grad():
-        for passage in passages:
-            ids = tokenizer(passage, add_special_tokens=False)["input_ids"][:128]
-            picked = rng.sample(range(len(ids)), max(1, round(mask_ratio * len(ids))))
+        for ids, picked in masked_positions(tokenizer, passages, mask_ratio, seed):
             masked = list(ids)
             for p in picked:
                 masked[p] = tokenizer.mask_token_id
@@ -141,6 +149,23 @@ def fill_mask_scores(model_dir: Path, passages: list[str], mask_ratio: float, se
             total += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
             correct += (logits.argmax(-1) == targets).sum().item()
             count += len(picked)
+    return total / count, correct / count
+
+
+def unigram_fill_mask_scores(tokenizer, counts: Counter, passages: list[str], mask_ratio: float, seed: int = 0):
+    """The fill-mask score of a model that knows only the training text's token frequencies (add-one smoothed over
+    the vocabulary, so a token unseen in training costs log(N + V) nats, not infinity), on the same masked tokens
+    as `fill_mask_scores`: cross entropy and top-1 accuracy (always guessing the most frequent token)."""
+    import math
+
+    n, vocab = sum(counts.values()), len(tokenizer)
+    most_frequent = counts.most_common(1)[0][0]
+    total, correct, count = 0.0, 0, 0
+    for ids, picked in masked_positions(tokenizer, passages, mask_ratio, seed):
+        for p in picked:
+            total -= math.log((counts.get(ids[p], 0) + 1) / (n + vocab))
+            correct += ids[p] == most_frequent
+            count += 1
     return total / count, correct / count
 
 
@@ -282,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = held_back_passages(held_back.text, HELD_BACK_PASSAGES)
     _say(console, f"[4/5] fill-mask on {len(lines)} held-back passages of {held_back.title!r} ({mask_ratio:.0%} of "
                   f"tokens masked; unigram entropy {entropy:.2f}):")
+    from transformers import AutoTokenizer
+
+    exported_tokenizer = AutoTokenizer.from_pretrained(exports["CLM25→MLM75"])  # the one fill_mask_scores uses
+    loss, accuracy = unigram_fill_mask_scores(exported_tokenizer, counts, lines, mask_ratio)
+    _say(console, f"      {'unigram':<12} masked-token loss {loss:.2f} nats, top-1 accuracy {accuracy:.1%}   (training "
+                  f"word frequencies only: the bar to beat)")
     for label, directory in exports.items():
         loss, accuracy = fill_mask_scores(directory, lines, mask_ratio)
         _say(console, f"      {label:<12} masked-token loss {loss:.2f} nats, top-1 accuracy {accuracy:.1%}")

@@ -16,6 +16,7 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     # Learning measured against baselines the demo prints itself.
     assert "unigram entropy" in console and "nats below it" in console
     assert "masked-token loss" in console and "truth '" in console  # fill-mask scores and examples
+    assert "unigram      masked-token loss" in console  # the frequency-only bar on the same masked tokens
     for label in ("random init", "CLM25", "CLM25→MLM75"):
         assert f"{label} " in console
     assert "smoke_which_play accuracy" in console
@@ -33,3 +34,24 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     runs = {p.name for p in (out / "eval" / "runs").iterdir()}
     assert runs == {"random init", "CLM25", "CLM25→MLM75"}
     assert (out / "plots.png").stat().st_size > 0
+
+
+def test_unigram_fill_mask_baseline_scores_the_models_masked_tokens():
+    """The baseline is scored on exactly the positions fill_mask_scores masks, with add-one smoothed frequencies."""
+    import math
+    from collections import Counter
+
+    from mlmclm.data.tokenizer import load_tokenizer
+    from mlmclm.demo import masked_positions, unigram_fill_mask_scores
+
+    tokenizer = load_tokenizer("embedded")
+    passages = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer"]
+    drawn = masked_positions(tokenizer, passages, 0.3, seed=0)
+    assert drawn == masked_positions(tokenizer, passages, 0.3, seed=0)  # fixed seed: same tokens for every model
+    targets = [ids[p] for ids, picked in drawn for p in picked]
+    counts = Counter({targets[0]: 7, 5000: 3})  # one target seen 7 times, the rest unseen
+    n, vocab = 10, len(tokenizer)
+    expected = -sum(math.log((counts.get(t, 0) + 1) / (n + vocab)) for t in targets) / len(targets)
+    loss, accuracy = unigram_fill_mask_scores(tokenizer, counts, passages, 0.3, seed=0)
+    assert math.isclose(loss, expected, rel_tol=1e-9)
+    assert accuracy == targets.count(targets[0]) / len(targets)  # always guessing the most frequent token
