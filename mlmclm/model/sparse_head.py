@@ -19,13 +19,15 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 def flat_positions(loss_masks: list[torch.Tensor]) -> list[torch.Tensor]:
     """For each [b, s] loss mask, the indices of its labelled positions in the sequence-major [s * b] grid.
 
-    One host synchronisation for all micro-batches together (their counts decide the shapes)."""
+    One host synchronisation for all micro-batches together (their counts decide the shapes): the masks are
+    copied to the host once, the indices found there and sent back without waiting."""
     if not loss_masks:
         return []
-    grids = torch.stack([mask.transpose(0, 1).reshape(-1) != 0 for mask in loss_masks])  # [M, s*b]
-    nonzero = grids.nonzero()  # row-major: grouped by micro-batch, ascending within each
+    device = loss_masks[0].device
+    grids = torch.stack([mask.transpose(0, 1).reshape(-1) != 0 for mask in loss_masks]).cpu()  # [M, s*b]
+    nonzero = grids.nonzero()[:, 1]  # row-major: grouped by micro-batch, ascending within each
     counts = grids.sum(dim=1).tolist()
-    return list(torch.split(nonzero[:, 1], counts))
+    return list(torch.split(nonzero.to(device, non_blocking=True), counts))
 
 
 def select_labels(labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

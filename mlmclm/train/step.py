@@ -149,12 +149,13 @@ def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBa
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head)
-    loss_sum, count, correct = stats.tolist()
     finite = torch.isfinite(stats).all() & grads_are_finite(ddp_chunks)
     finite = finite.to(torch.int32)
     dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    # One host synchronisation for the logged stats and the guard's verdict together.
+    loss_sum, count, correct, finite = torch.cat([stats, finite.to(stats.dtype).reshape(1)]).tolist()
     lr = optimizer.param_groups[0]["lr"]
-    if not bool(finite.item()):
+    if not finite:
         return StepResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), None, lr, skipped=True)
     _, grad_norm, _ = optimizer.step()
     scheduler.step(increment=1)
