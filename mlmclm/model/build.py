@@ -60,6 +60,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         bf16=dtype == "bf16",
         fp8=precision.fp8,
         fp8_recipe=precision.fp8_recipe,
+        **precision.fp8_scaling_kwargs(),
         fp8_dot_product_attention=fp8_attention,
         # Each fused kernel only where it can be imported for this spec (mlmclm/model/fusions.py); logged.
         **fusion_flags(use_te).config_kwargs(),

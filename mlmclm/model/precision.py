@@ -15,6 +15,10 @@ class PrecisionConfig:
     fp8: Literal[None, "hybrid", "e4m3"] = None  # FP8 GEMMs through TE (needs the TE layer spec)
     fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
     fp8_attention: Literal["auto", "on", "off"] = "auto"  # FP8 dot-product attention where TE supports it
+    # Delayed scaling: scale from the max amax over the last 1024 steps, as NVIDIA's NeMo 2 / Megatron-Bridge
+    # recipes ship it (megatron's own default, history 1 / most_recent, follows single-step outliers).
+    fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: Literal["max", "most_recent"] = "max"
 
     def __post_init__(self):
         if self.dtype not in ("auto", "bf16", "fp32"):
@@ -25,6 +29,16 @@ class PrecisionConfig:
             raise ValueError(f"precision.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
         if self.fp8_attention not in ("auto", "on", "off"):
             raise ValueError(f"precision.fp8_attention must be auto, on or off, got {self.fp8_attention!r}")
+        if int(self.fp8_amax_history_len) < 1:
+            raise ValueError(f"precision.fp8_amax_history_len must be >= 1, got {self.fp8_amax_history_len!r}")
+        if self.fp8_amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError("precision.fp8_amax_compute_algo must be max or most_recent, "
+                             f"got {self.fp8_amax_compute_algo!r}")
+
+    def fp8_scaling_kwargs(self) -> dict:
+        """megatron `TransformerConfig` fields for FP8 scaling (the amax history matters to delayed scaling)."""
+        return {"fp8_amax_history_len": int(self.fp8_amax_history_len),
+                "fp8_amax_compute_algo": self.fp8_amax_compute_algo}
 
     def resolved_dtype(self, on_gpu: bool) -> str:
         if self.dtype == "auto":

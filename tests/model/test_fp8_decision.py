@@ -64,3 +64,21 @@ def test_no_device_and_unknown_recipe():
         fp8_attention_decision((9, 0), 128, "fp4")
     with pytest.raises(ValueError, match="precision.fp8_recipe must be one of"):
         PrecisionConfig(fp8="hybrid", fp8_recipe="fp4")
+
+
+def test_delayed_scaling_defaults_follow_nvidia_recipes_and_reach_megatron():
+    from mlmclm.model import ModelConfig
+    from mlmclm.model.build import transformer_config
+    from mlmclm.model.precision import PrecisionConfig
+    from mlmclm.parallel import ParallelConfig
+
+    precision = PrecisionConfig()
+    assert precision.fp8_scaling_kwargs() == {"fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+    config = transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8_amax_history_len=16))
+    assert (config.fp8_amax_history_len, config.fp8_amax_compute_algo) == (16, "max")
+    with pytest.raises(ValueError, match="fp8_amax_history_len"):
+        PrecisionConfig(fp8_amax_history_len=0)
+    with pytest.raises(ValueError, match="fp8_amax_compute_algo"):
+        PrecisionConfig(fp8_amax_compute_algo="mean")
