@@ -17,12 +17,15 @@ does: other load on the machine only ever slows a round down), with the median p
   hf-eager         the same with HF's eager attention (matmul + softmax, like megatron's local attention on CPU)
   hf-eager+emu     hf-eager with the CPU emulation installed: what the TorchFunctionMode alone costs
 Step-1 losses of all columns must agree (same weights and batch), which the script checks. Goal: ours >= 1.0x.
+"peak MiB" is each worker process's peak resident memory (model build included; the logits dominate it at large
+vocabularies).
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import time
 import warnings
@@ -167,7 +170,8 @@ def worker(column: str, cfg: BenchConfig, conn) -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             for i in range(cfg.steps):
                 step(batches[i % 2])
-            conn.send(("round", (time.perf_counter() - start, time.process_time() - cpu_start)))
+            peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+            conn.send(("round", (time.perf_counter() - start, time.process_time() - cpu_start, peak_mib)))
     except Exception as err:  # the parent reports it
         import traceback
 
@@ -183,6 +187,7 @@ def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
         proc.start()
         workers[column] = (proc, parent)
     first_loss, threads, rounds, cpu = {}, {}, {c: [] for c in columns}, {c: [] for c in columns}
+    peak_mib = {}
     try:
         for column, (_, conn) in workers.items():  # workers build in parallel; warm-up is awaited here
             kind, value = conn.recv()
@@ -197,6 +202,7 @@ def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
                     raise RuntimeError(f"{column} worker failed: {value}")
                 rounds[column].append(value[0])
                 cpu[column].append(value[1])
+                peak_mib[column] = value[2]
     finally:
         for proc, conn in workers.values():
             try:
@@ -210,7 +216,7 @@ def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
     # Process CPU time (all threads) is a second view that other load on the machine disturbs less.
     per_cpu_s = {c: tokens / min(r) for c, r in cpu.items()}
     return {"config": asdict(cfg), "tokens_per_s": tok_s, "tokens_per_s_median": median, "round_seconds": rounds,
-            "tokens_per_cpu_s": per_cpu_s, "first_loss": first_loss, "threads": threads}
+            "tokens_per_cpu_s": per_cpu_s, "first_loss": first_loss, "threads": threads, "peak_rss_mib": peak_mib}
 
 
 def main(argv=None) -> int:
@@ -237,13 +243,14 @@ def main(argv=None) -> int:
     ours, ours_med = result["tokens_per_s"]["ours"], result["tokens_per_s_median"]["ours"]
     ours_cpu = result["tokens_per_cpu_s"]["ours"]
     print(f"{'column':<14}{'tokens/s':>10}{'(median)':>10}{'ours/this':>11}{'(median)':>10}{'tok/CPU-s':>11}"
-          f"{'ours/this':>11}{'step-1 loss':>13}  rounds (s)")
+          f"{'ours/this':>11}{'peak MiB':>10}{'step-1 loss':>13}  rounds (s)")
     for column in columns:
         tok, med = result["tokens_per_s"][column], result["tokens_per_s_median"][column]
         per_cpu = result["tokens_per_cpu_s"][column]
         rounds = " ".join(f"{s:.2f}" for s in result["round_seconds"][column])
         print(f"{column:<14}{tok:>10.0f}{med:>10.0f}{ours / tok:>10.2f}x{ours_med / med:>9.2f}x{per_cpu:>11.0f}"
-              f"{ours_cpu / per_cpu:>10.2f}x{result['first_loss'][column]:>13.5f}  {rounds}")
+              f"{ours_cpu / per_cpu:>10.2f}x{result['peak_rss_mib'][column]:>10.0f}"
+              f"{result['first_loss'][column]:>13.5f}  {rounds}")
     spread = max(result["first_loss"].values()) - min(result["first_loss"].values())
     print(f"step-1 loss spread {spread:.2e} (tolerance {atol}); total {time.perf_counter() - start:.0f} s")
     if spread > atol:
