@@ -4,6 +4,8 @@ Sums let megatron divide by the number of predicted tokens of the *whole* global
 (`calculate_per_token_loss`), so every data-parallel size and micro-batch split gives the same loss and gradient.
 The cross entropy itself is megatron's (`GPTModel` with labels: vocab-parallel, on the [s, b, v] logits, so no
 batch-first copy of the logits is made); accuracy is counted from the same logits as they leave the output layer.
+For MLM the output layer runs at the masked positions only (`mlmclm.model.sparse_head`): the logits are then
+[n, 1, v/tp] and the labels [1, n], and everything here works on them unchanged.
 """
 from __future__ import annotations
 
