@@ -19,7 +19,7 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     assert "unigram      masked-token loss" in console  # the frequency-only bar on the same masked tokens
     for label in ("random init", "CLM25", "CLM25→MLM75"):
         assert f"{label} " in console
-    assert "smoke_which_play accuracy" in console
+    assert "smoke_speaker_names entity_f1" in console and "smoke_named_character f1" in console
     # Quiet: NeMo-Run's banners and hints are in its log file, no third-party warning walls anywhere.
     assert "Entering Experiment" not in console and "nemo experiment" not in console
     assert "Entering Experiment" in (out / "nemo_run.log").read_text()

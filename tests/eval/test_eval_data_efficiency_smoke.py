@@ -80,7 +80,8 @@ def test_smoke_tasks_are_deterministic_and_valid(tmp_path):
     qa = load_task(next(s for s in first if s.family == "qa"))
     for row in qa["train"]:
         for text, start in zip(row["answers"]["text"], row["answers"]["answer_start"]):
-            assert row["context"][start:start + len(text)] == text and text.isupper()
+            assert row["context"][start:start + len(text)] == text and text[0].isupper()
+    assert any(not row["answers"]["text"] for row in qa["train"] + qa["validation"] + qa["test"])  # SQuAD-v2 style
 
 
 def test_run_smoke_evaluation_end_to_end(tmp_path):
@@ -93,6 +94,6 @@ def test_run_smoke_evaluation_end_to_end(tmp_path):
     summary = run_smoke_evaluation({"tiny": model}, tmp_path / "out", lrs=(1e-3,), seeds=(0,), max_steps=2,
                                    batch_size=8, sizes=SmokeSizes(train=16, validation=8, test=8), progress=False)
     text = summary.read_text()
-    for task in ("smoke_which_play", "smoke_speaker_names", "smoke_who_says", "smoke_next_line"):
+    for task in ("smoke_which_play", "smoke_speaker_names", "smoke_named_character", "smoke_speech_halves"):
         assert f"| {task} |" in text
     assert len(list((tmp_path / "out" / "runs" / "tiny").glob("*/*.json"))) == 4
