@@ -240,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="artifacts/demo", help="where data, run, exports and eval go")
     parser.add_argument("--steps", type=int, default=DEMO_STEPS)
     parser.add_argument("--skip-eval", action="store_true", help="stop after the fill-mask scores")
+    parser.add_argument("--smoke-steps", type=int, default=None,
+                        help="fine-tuning steps per smoke run (default: the smoke budget, 100; tests use fewer)")
     args = parser.parse_args(argv)
+    if args.smoke_steps is not None and args.smoke_steps < 1:
+        parser.error(f"--smoke-steps must be >= 1, got {args.smoke_steps}")
     quiet.install()
     os.environ.setdefault("TQDM_DISABLE", "1")  # the fine-tuning loops' step bars: the stages say enough here
     from transformers.utils import logging as hf_logging
@@ -331,10 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     from mlmclm.eval.smoke_tasks import SmokeSizes
 
     sizes = SmokeSizes()
-    _say(console, f"[5/5] fine-tuning the three on smoke tasks ({', '.join(DEMO_SMOKE_TASKS)}; {SMOKE_MAX_STEPS} steps "
+    smoke_steps = args.smoke_steps if args.smoke_steps is not None else SMOKE_MAX_STEPS
+    _say(console, f"[5/5] fine-tuning the three on smoke tasks ({', '.join(DEMO_SMOKE_TASKS)}; {smoke_steps} steps "
                   f"of 16 at LR {SMOKE_LEARNING_RATES[0]:g}, 1 seed; validation {sizes.validation}, test {sizes.test} "
                   f"examples)")
-    summary = run_smoke_evaluation(exports, out / "eval", seeds=(0,), progress=False, tasks=DEMO_SMOKE_TASKS)
+    summary = run_smoke_evaluation(exports, out / "eval", seeds=(0,), progress=False, tasks=DEMO_SMOKE_TASKS,
+                                   max_steps=smoke_steps)
     scores: dict[str, dict[str, float]] = {label: {} for label in exports}
     metric = {}
     for record in load_records(summary.parent):

@@ -9,7 +9,8 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 def test_demo_pipeline_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "mlmclm.demo", "--steps", "8", "--output", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.demo", "--steps", "8", "--smoke-steps", "4",
+                           "--output", str(out)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     console = proc.stdout
