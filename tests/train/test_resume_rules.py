@@ -67,6 +67,8 @@ def test_layout_logging_and_checkpointing_may_change(tmp_path):
                       checkpoint={"save_interval": 5, "keep_last": 2})
     changed["run_dir"], changed["data"]["path"] = str(tmp_path / "elsewhere"), str(tmp_path / "moved")
     changed["optimizer"]["distributed_optimizer"] = False
+    changed["optimizer"]["overlap_grad_reduce"] = not changed["optimizer"]["overlap_grad_reduce"]
+    changed["manual_gc_interval"] = 0
     _check(saved, changed)
 
 
