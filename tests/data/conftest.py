@@ -1,21 +1,7 @@
-import json
-import random
-
 import pytest
 
+from data_fixtures import make_docs, write_jsonl
 from mlmclm.data.tokenizer import train_bpe
-
-WORDS = ("the king queen crown sword love night day speak hence fair foul tomorrow brief candle "
-         "sound fury signifying nothing player stage hour").split()
-
-
-def make_docs(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    docs = []
-    for i in range(n):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 120))]
-        docs.append(f"Doc {i}: " + " ".join(words) + rng.choice([".", "!", "?\nNew line."]))
-    return docs
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +14,6 @@ def tok_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def docs():
     return make_docs(400)
-
-
-def write_jsonl(path, docs, field="text"):
-    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -91,7 +91,7 @@ def test_blend_logs_realised_proportions(dataset, dataset_b, caplog):
 
 
 def test_blend_refuses_mismatched_datasets(dataset, tmp_path, tok_dir, docs):
-    from conftest import write_jsonl
+    from data_fixtures import write_jsonl
 
     from mlmclm.data.prepare import PrepareConfig, prepare
     from mlmclm.data.tokenizer import train_bpe

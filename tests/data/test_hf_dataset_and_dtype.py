@@ -5,7 +5,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import write_jsonl
+from data_fixtures import write_jsonl
 
 import tools.prepare_data as cli
 from mlmclm.data.loader import LoaderConfig, PackedLoader

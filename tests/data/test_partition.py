@@ -1,9 +1,8 @@
 import json
 import shutil
 
-import numpy as np
 import pytest
-from conftest import write_jsonl
+from data_fixtures import write_jsonl
 
 import tools.prepare_data as cli
 from mlmclm.data.loader import LoaderConfig, PackedLoader

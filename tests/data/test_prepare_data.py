@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_docs, write_jsonl
+from data_fixtures import make_docs, write_jsonl
 from transformers import AutoTokenizer
 
 import tools.prepare_data as cli
