@@ -46,9 +46,9 @@ def _append_env(name: str, items: list[str]) -> None:
 
 def kernels_note() -> str | None:
     """One line when CUDA is there but TE or apex is not (slower layers, no FP8); None when it does not matter."""
-    import torch
+    from mlmclm.parallel.runtime import on_gpu  # the one module that asks torch.cuda
 
-    if not torch.cuda.is_available():
+    if not on_gpu():
         return None
     missing = [name for name, module in (("Transformer Engine", "transformer_engine"), ("apex", "apex"))
                if importlib.util.find_spec(module) is None]
