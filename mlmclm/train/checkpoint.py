@@ -176,10 +176,12 @@ def load_weights(path: Path, ddp_chunks, optimizer=None) -> None:
         optimizer.reload_model_params()
 
 
-# Transformer Engine modules carry an `_extra_state` entry (FP8 scaling metadata) that megatron's local modules do
-# not have. It is the only difference allowed between the keys a model asks for and the keys a checkpoint holds:
-# a local-spec checkpoint loads into a TE model (whose FP8 metadata then starts fresh, as in a new run) and a TE
-# checkpoint into a local model (the metadata is not used there). Every other missing or unexpected key is an error.
+# Transformer Engine modules carry an `_extra_state` entry (FP8 scaling metadata). In megatron-core 0.19 the local
+# linears store an empty one too, but TE's final norm adds one the local norm lacks, and TE attention has one in its
+# state dict that megatron leaves out of dist checkpoints (tests/train/te_standin.py says how this was read). It is the
+# only difference allowed between the keys a model asks for and the keys a checkpoint holds: a local-spec checkpoint
+# loads into a TE model (whose FP8 metadata then starts fresh, as in a new run) and a TE checkpoint into a local model
+# (the metadata is not used there). Every other missing or unexpected key is an error naming it.
 EXTRA_STATE_SUFFIX = "_extra_state"
 
 
