@@ -7,13 +7,16 @@ import logging
 import sys
 import warnings
 
+from mlmclm import quiet
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlmclm.train", description=__doc__)
     parser.add_argument("config", help="training config file (YAML or JSON)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optimizer.lr=3e-4")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|deprecated|experimental).*")
+    quiet.install(children=False)  # the TE/apex/CUDA-absent warnings, filtered as in every other entry point
+    warnings.filterwarnings("ignore", message=".*(deprecated|experimental).*")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from mlmclm.train.config import TrainConfig
     from mlmclm.train.pretrain import pretrain
