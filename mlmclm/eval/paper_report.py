@@ -1,0 +1,234 @@
+"""The paper's outputs from evaluation folders (`tools/evaluate.py` output: `runs/<model>/<task>/lr<lr>_seed<seed>.json`):
+the main table (models x SC/TC/QA/IR family means with 95 % CIs over seeds, plus per-task columns, with the distance
+from the paper's printed numbers where recorded) and the figures of `paper_figures`.
+
+Selection and aggregation are `summary`'s (LR chosen on validation; family score = per-seed mean over the family's
+tasks, then mean ± CI over seeds); this module only validates the inputs, arranges the table and writes the files.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlmclm.eval.data_efficiency import CURVE_FILE
+from mlmclm.eval.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
+from mlmclm.eval.protocol import RUNS_FOLDER, RunRecord
+from mlmclm.eval.summary import family_results, task_results
+
+FAMILY_SHORT = {"classification": "SC", "token_classification": "TC", "qa": "QA", "retrieval": "IR"}
+REPORT_FILE = "report.md"
+TABLE_MD, TABLE_CSV = "main_table.md", "main_table.csv"
+# Fields a run JSON must carry (those of RunRecord without a default), and the type each must have.
+_REQUIRED = {"model": str, "task": str, "family": str, "main_metric": str, "learning_rate": (int, float),
+             "seed": int, "validation": dict, "test": dict, "diverged": bool, "steps": int,
+             "train_loss_first": (int, float), "train_loss_last": (int, float), "fingerprint": str}
+
+
+class ReportInputError(ValueError):
+    """Missing or malformed evaluation results; the message names the path and field."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    mean: float
+    ci95: float  # NaN with one seed
+    reference: ReferenceScore | None = None
+
+    @property
+    def distance(self) -> float | None:
+        """Ours minus the paper's, in percentage points."""
+        return None if self.reference is None else 100 * self.mean - self.reference.value
+
+
+@dataclass
+class MainTable:
+    models: list[str]
+    families: list[str]  # short names present, in SC/TC/QA/IR order
+    tasks: list[str]  # grouped by family
+    task_family: dict[str, str]
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (model, family short name or task) -> cell
+
+
+def _load_run(path: Path) -> RunRecord:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportInputError(f"{path}: not a readable run JSON ({err})") from err
+    if not isinstance(raw, dict):
+        raise ReportInputError(f"{path}: a run JSON must be an object, got {type(raw).__name__}")
+    for name, kind in _REQUIRED.items():
+        if name not in raw:
+            raise ReportInputError(f"{path}: field '{name}' is missing")
+        if not isinstance(raw[name], kind) or (kind is not bool and isinstance(raw[name], bool)):
+            raise ReportInputError(f"{path}: field '{name}' has type {type(raw[name]).__name__}")
+    if raw["family"] not in FAMILY_SHORT:
+        raise ReportInputError(f"{path}: field 'family' is {raw['family']!r}; expected one of {sorted(FAMILY_SHORT)}")
+    for split in ("validation", "test"):
+        value = raw[split].get(raw["main_metric"])
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ReportInputError(f"{path}: field '{split}' has no number for the main metric "
+                                   f"'{raw['main_metric']}' (keys: {sorted(raw[split])})")
+    if (raw["model"], raw["task"]) != (path.parent.parent.name, path.parent.name):
+        raise ReportInputError(f"{path}: fields model/task ({raw['model']}/{raw['task']}) disagree with the path "
+                               f"(runs/<model>/<task>/...)")
+    return RunRecord(**{k: raw[k] for k in RunRecord.__dataclass_fields__ if k in raw})
+
+
+def load_results(result_dirs: list[Path]) -> list[RunRecord]:
+    """Every run JSON under each `DIR/runs/`, validated; the same (model, task, LR, seed) twice is an error."""
+    if not result_dirs:
+        raise ReportInputError("no results folder given")
+    records: list[RunRecord] = []
+    seen: dict[tuple, Path] = {}
+    for directory in map(Path, result_dirs):
+        runs = directory / RUNS_FOLDER
+        if not runs.is_dir():
+            raise ReportInputError(f"{directory}: no {RUNS_FOLDER}/ folder (expected tools/evaluate.py output: "
+                                   f"{RUNS_FOLDER}/<model>/<task>/lr<lr>_seed<seed>.json)")
+        paths = sorted(runs.glob("*/*/*.json"))
+        if not paths:
+            raise ReportInputError(f"{runs}: no run JSONs ({RUNS_FOLDER}/<model>/<task>/lr<lr>_seed<seed>.json)")
+        for path in paths:
+            record = _load_run(path)
+            key = (record.model, record.task, record.learning_rate, record.seed)
+            if key in seen:
+                raise ReportInputError(f"{path}: run {key} also in {seen[key]}")
+            seen[key] = path
+            records.append(record)
+    return records
+
+
+def load_curves(result_dirs: list[Path]) -> dict[str, list[dict]]:
+    """`curve.json` of each folder that has one (tools/evaluate.py curve), keyed by the folder's name."""
+    curves = {}
+    for directory in map(Path, result_dirs):
+        path = directory / CURVE_FILE
+        if not path.exists():
+            continue
+        try:
+            points = json.loads(path.read_text(encoding="utf-8"))["points"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ReportInputError(f"{path}: not a data-efficiency curve ({err})") from err
+        for index, point in enumerate(points):
+            if not isinstance(point, dict) or not isinstance(point.get("iteration"), int) \
+                    or not isinstance(point.get("family_scores"), dict):
+                raise ReportInputError(f"{path}: points[{index}] needs an integer 'iteration' and a "
+                                       f"'family_scores' object")
+        curves[directory.name] = points
+    return curves
+
+
+def main_table(records: list[RunRecord],
+               reference: tuple[ReferenceScore, ...] = PAPER_SCORES) -> MainTable:
+    if not records:
+        raise ReportInputError("no run records")
+    refs = reference_lookup(reference)
+    per_task = task_results(records)
+    task_family = {t.task: t.family for t in per_task}
+    order = list(FAMILY_SHORT)
+    table = MainTable(models=sorted({r.model for r in records}),
+                      families=[FAMILY_SHORT[f] for f in order if f in task_family.values()],
+                      tasks=sorted(task_family, key=lambda t: (order.index(task_family[t]), t)),
+                      task_family=task_family)
+    for t in per_task:
+        table.cells[(t.model, t.task)] = Cell(t.test_mean, t.test_ci95, refs.get((t.model, t.task)))
+    for f in family_results(records):
+        column = FAMILY_SHORT[f.family]
+        table.cells[(f.model, column)] = Cell(f.test_mean, f.test_ci95, refs.get((f.model, column)))
+    return table
+
+
+def _pct(cell: Cell | None) -> str:
+    if cell is None or not math.isfinite(cell.mean):
+        return "—"
+    return f"{100 * cell.mean:.1f}" + (f" ± {100 * cell.ci95:.1f}" if math.isfinite(cell.ci95) else " (1 seed)")
+
+
+def _distance(cell: Cell | None) -> str:
+    if cell is None or cell.distance is None:
+        return "—"
+    return f"{cell.distance:+.1f} (paper {cell.reference.value:.1f})"
+
+
+def table_markdown(table: MainTable) -> str:
+    columns = table.families + table.tasks
+    has_ref = any(c.reference is not None for c in table.cells.values())
+    header = ["model"] + columns + ([f"Δ {c}" for c in columns] if has_ref else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model in table.models:
+        cells = [table.cells.get((model, c)) for c in columns]
+        row = [model] + [_pct(c) for c in cells] + ([_distance(c) for c in cells] if has_ref else [])
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_csv(table: MainTable) -> str:
+    """Fractions in [0, 1] (as in the run JSONs); `<col>_paper` in percent as printed, `<col>_distance_pp` in
+    percentage points; empty where there is no value."""
+    columns = table.families + table.tasks
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["model"] + [f"{c}_{s}" for c in columns for s in ("mean", "ci95", "paper", "distance_pp")])
+    for model in table.models:
+        row = [model]
+        for column in columns:
+            cell = table.cells.get((model, column))
+            if cell is None:
+                row += ["", "", "", ""]
+                continue
+            row += [repr(cell.mean), repr(cell.ci95) if math.isfinite(cell.ci95) else "",
+                    "" if cell.reference is None else repr(cell.reference.value),
+                    "" if cell.distance is None else repr(cell.distance)]
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _check_output(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ReportInputError(f"--out {out} exists and is not a folder")
+    existing = [name for name in (REPORT_FILE, TABLE_MD, TABLE_CSV) if (out / name).exists()]
+    if existing and not force:
+        raise ReportInputError(f"{out} already holds a report ({', '.join(existing)}); pass --force to overwrite")
+
+
+def write_report(result_dirs: list[Path], out: Path, force: bool = False,
+                 reference: tuple[ReferenceScore, ...] = PAPER_SCORES) -> Path:
+    """Validate the inputs, then write the table (Markdown + CSV), the figures that have data and `report.md`.
+    Nothing is written when an input is bad or `out` already holds a report (unless `force`)."""
+    from mlmclm.eval import paper_figures  # matplotlib only when a report is actually written
+
+    out = Path(out)
+    _check_output(out, force)
+    records = load_results(result_dirs)
+    curves = load_curves(result_dirs)
+    table = main_table(records, reference)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = paper_figures.write_figures(records, curves, out)
+    markdown = table_markdown(table)
+    _write(out / TABLE_MD, markdown)
+    _write(out / TABLE_CSV, table_csv(table))
+    lines = ["# Paper report", "",
+             "Scores in percent: test mean ± 95 % CI (Student t) over seeds, each task at the learning rate chosen "
+             "on validation; a family score is the per-seed mean over the family's tasks, then mean ± CI over "
+             "seeds. Inputs: " + ", ".join(str(d) for d in result_dirs) + ".", "", "## Main table", "", markdown]
+    if not any(c.reference is not None for c in table.cells.values()):
+        lines += ["No distance from the paper: `mlmclm/eval/paper_reference.py` records no score of the paper for "
+                  "these models and columns (see its docstring for why and how to add them).", ""]
+    lines += ["## Figures", ""]
+    for name, note in figures.items():
+        lines.append(f"* `{name}`: {note}")
+    lines += ["", "## The paper's setup (as recorded in paper_reference.py)", ""]
+    lines += [f"* {fact.what}: {fact.value} ({fact.source})" for fact in PAPER_FACTS]
+    report = out / REPORT_FILE
+    _write(report, "\n".join(lines) + "\n")
+    return report

@@ -1,0 +1,40 @@
+"""The paper's table and figures from evaluation folders (docs/evaluation.md, "Paper report").
+
+  python tools/paper_report.py eval/610m-mlm40-42k eval/610m-clm-42k eval/biphasic --out artifacts/paper_report
+
+Each RESULTS_DIR is a `tools/evaluate.py` output folder (runs/<model>/<task>/lr<lr>_seed<seed>.json, optionally
+curve.json); model labels are the paper's run names (recipes/grid.py), e.g. 610m-clm-10k-mlm40-42k, and
+`<run>-<step>` for intermediate checkpoints. Writes main_table.md/.csv, biphasic.png, data_efficiency.png,
+stability.png (each figure when there is data) and report.md. Bad input: exit 2, nothing written. An --out that
+already holds a report is refused unless --force.
+"""
+from __future__ import annotations
+
+from mlmclm import quiet
+
+quiet.install()  # the figures read recipes/grid.py, which imports megatron: no TE/apex warning walls
+
+import argparse
+import sys
+from pathlib import Path
+
+from mlmclm.eval.paper_report import ReportInputError, write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", type=Path, metavar="RESULTS_DIR")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the table, figures and report.md")
+    parser.add_argument("--force", action="store_true", help="overwrite a report already in --out")
+    args = parser.parse_args(argv)
+    try:
+        report = write_report(args.results, args.out, force=args.force)
+    except ReportInputError as err:
+        print(f"paper_report: error: {err}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
