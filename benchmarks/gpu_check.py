@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""GPU readiness check: versions, bf16 (and FP8) training throughput/MFU/memory, bf16-vs-fp32 loss agreement.
+"""GPU readiness check: versions, bf16 (and FP8) training throughput/MFU/memory, bf16-vs-fp32 loss agreement,
+and each speed feature on vs off (sparse MLM head vs full head, fused kernels, manual GC).
 
     python benchmarks/gpu_check.py --json artifacts/gpu_check.json            # one GPU, < 8 minutes
     python benchmarks/gpu_check.py --smoke --json /tmp/gpu_check.json         # CPU, tiny shape (what CI runs)
@@ -7,8 +8,10 @@
 Single process (`init_parallel(ParallelConfig())`). Data are uniformly random tokens: throughput does not depend
 on token values, and losses stay near ln(vocab). Each model is built once per precision and trained through our
 real `train_step` (megatron schedules, DDP, distributed AdamW) at every sequence length and objective; warm-up
-steps are excluded from timing and every configuration is time-boxed. MFU uses model FLOPs from `mlmclm.flops`
-(LM head at all positions, causal attention counted at half). Prints one table at the end, writes it as JSON,
+steps are excluded from timing and every configuration is time-boxed. MFU uses model FLOPs from `mlmclm.flops`:
+the FLOPs each step needs (MLM with the sparse head: the LM head at the masked positions only; CLM and the full
+head: at every position; causal attention counted at half). The feature table compares, at one shape, the
+defaults with each feature switched off in turn, in interleaved rounds (tokens/s is the median of the rounds). Prints one table at the end, writes it as JSON,
 and exits non-zero on any failure (an exception, a non-finite or skipped step, losses that disagree, a
 configuration the time budget could not reach; with --require-goals, also a missed performance goal).
 """
@@ -36,7 +39,7 @@ logging.getLogger("megatron").setLevel(logging.ERROR)
 
 import torch  # noqa: E402
 
-from mlmclm.flops import flops_per_token, mfu, peak_flops  # noqa: E402
+from mlmclm.flops import flops_per_token, lm_head_fraction, mfu, peak_flops  # noqa: E402
 from mlmclm.model import PRESETS, PrecisionConfig, build_model, preset, set_causal  # noqa: E402
 from mlmclm.model.build import resolve_use_te  # noqa: E402
 from mlmclm.model.fusions import fusion_flags  # noqa: E402
@@ -44,7 +47,7 @@ from mlmclm.model.precision import fp8_attention_here, transformer_engine_availa
 from mlmclm.objectives import ObjectiveConfig, build_objective  # noqa: E402
 from mlmclm.parallel import ParallelConfig, current_device, destroy_parallel, init_parallel  # noqa: E402
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp  # noqa
-from mlmclm.train.step import configure_model_for_schedules, train_step  # noqa: E402
+from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step  # noqa: E402
 
 SPECIAL_IDS = [0, 1, 2, 3]  # pad, bos, eos, mask: never drawn as data, never masked
 MASK_ID = 3
@@ -54,6 +57,13 @@ TOKENS_PER_MICRO_BATCH = {"eurobert-210m": 16384, "eurobert-1b": 8192}
 GOAL_BF16_MFU = 0.45    # 1b, sequence 2048, one H100/H200
 GOAL_FP8_SPEEDUP = 1.3  # FP8 tokens/s over bf16 tokens/s, same configuration
 FP8_RECIPE = "delayed"  # the one recipe whose FP8 attention TE runs on Hopper (mlmclm.model.precision)
+# Speed features compared on vs off (one GPU, so nothing that needs data parallelism: overlapped gradient
+# reduction and the NCCL environment are not measurable here). name -> Trainer keyword arguments of the "off" side.
+FEATURES = {
+    "sparse MLM head": {"sparse_head": False},
+    "fused kernels": {"fused_kernels": False},
+    "manual GC (interval 100)": {"manual_gc_interval": 0},
+}
 
 
 @dataclass
@@ -76,12 +86,18 @@ class CheckConfig:
     peak_tflops_fp8: float | None = None  # fp8 peak override; defaults to 2x peak_tflops when that is given
     require_goals: bool = False
     seed: int = 1234
+    features: bool = True          # the on-vs-off feature table
+    feature_model: str = "eurobert-210m"
+    feature_seq: int = 2048
+    feature_rounds: int = 3        # interleaved rounds: every variant once per round
+    feature_steps: int = 8         # timed steps per variant and round
 
     @classmethod
     def smoke_defaults(cls, **overrides) -> "CheckConfig":
         base = dict(smoke=True, models=["tiny-test"], seq_lengths=[64, 128], warmup_steps=1, max_steps=3,
                     min_steps=2, seconds_per_run=5.0, budget_s=300.0, agreement_model="tiny-test",
-                    agreement_seq=64, agreement_micro_batch=2, agreement_steps=3)
+                    agreement_seq=64, agreement_micro_batch=2, agreement_steps=3, feature_model="tiny-test",
+                    feature_seq=64, feature_rounds=2, feature_steps=2)
         base.update(overrides)
         return cls(**base)
 
@@ -197,10 +213,15 @@ def environment() -> dict:
 class Trainer:
     """One model, its DDP wrapper, optimizer and scheduler; switches objective and sequence length freely."""
 
-    def __init__(self, model_name: str, precision: PrecisionConfig, seed: int, init_from: "Trainer | None" = None):
+    def __init__(self, model_name: str, precision: PrecisionConfig, seed: int, init_from: "Trainer | None" = None,
+                 sparse_head: bool = True, fused_kernels: bool = True, manual_gc_interval: int = 100):
         self.model_cfg = preset(model_name)
+        self.sparse_head = sparse_head
+        self.gc = ManualGC(manual_gc_interval)
+        self.steps_done = 0
         torch.manual_seed(seed)
-        self.chunks = build_model(self.model_cfg, ParallelConfig(), precision, causal=False)
+        self.chunks = build_model(self.model_cfg, ParallelConfig(), precision, causal=False,
+                                  fused_kernels=fused_kernels)
         if init_from is not None:
             copy_weights(init_from.chunks, self.chunks)
         self.ddp = wrap_ddp(self.chunks, distributed_optimizer=True)
@@ -208,7 +229,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.ddp, opt_cfg)
         self.scheduler = build_scheduler(self.optimizer, opt_cfg, ScheduleConfig(style="constant"), total_steps=10**6)
         configure_model_for_schedules(self.ddp, self.optimizer)
-        self.objectives = {kind: build_objective(ObjectiveConfig(kind), special_token_ids=SPECIAL_IDS,
+        self.objective_configs = {kind: ObjectiveConfig(kind) for kind in ("mlm", "clm")}
+        self.objectives = {kind: build_objective(self.objective_configs[kind], special_token_ids=SPECIAL_IDS,
                                                  mask_token_id=MASK_ID, vocab_size=self.model_cfg.vocab_size,
                                                  seed=seed) for kind in ("mlm", "clm")}
 
@@ -223,13 +245,17 @@ class Trainer:
         return out
 
     def step(self, batch):
-        result = train_step(self.ddp, self.optimizer, self.scheduler, [batch])
+        self.gc.start()  # as pretrain: the collector off between the interval's collections
+        result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head)
+        self.steps_done += 1
+        self.gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):
             raise RuntimeError(f"training step skipped or non-finite (loss {result.loss}, grad norm "
                                f"{result.grad_norm})")
         return result
 
     def close(self) -> None:
+        self.gc.stop()
         del self.optimizer, self.scheduler, self.ddp, self.chunks
         free_memory()
 
@@ -257,13 +283,21 @@ def time_run(trainer: Trainer, row: RunRow, cfg: CheckConfig, peak: float | None
     row.seconds = time.perf_counter() - start
     row.warmup_steps, row.timed_steps = cfg.warmup_steps, steps
     row.tokens_per_s = steps * row.micro_batch * row.seq_length / row.seconds
-    row.flops_per_token = flops_per_token(trainer.model_cfg, row.seq_length, causal=row.objective == "clm")
+    row.flops_per_token = step_flops_per_token(trainer, row.objective, row.seq_length)
     row.tflops_per_gpu = row.tokens_per_s * row.flops_per_token / 1e12
     row.peak_tflops = None if peak is None else peak / 1e12
     row.mfu = None if peak is None else mfu(row.tokens_per_s, row.flops_per_token, peak)
     row.peak_memory_gib = peak_memory_gib()[0]
     row.first_loss, row.last_loss = losses[0], losses[-1]
     row.status = "ok"
+
+
+def step_flops_per_token(trainer: Trainer, objective: str, seq: int) -> float:
+    """Model FLOPs per token that this step needs: the sparse head computes the LM head at the masked positions."""
+    fraction = 1.0
+    if objective == "mlm" and trainer.sparse_head:
+        fraction = lm_head_fraction(trainer.objective_configs["mlm"])
+    return flops_per_token(trainer.model_cfg, seq, causal=objective == "clm", lm_head_fraction=fraction)
 
 
 def run_with_oom_fallback(trainer: Trainer, row: RunRow, cfg: CheckConfig, peak: float | None) -> None:
@@ -374,6 +408,58 @@ def precision_agreement(cfg: CheckConfig, failures: list[str]) -> dict:
     return out
 
 
+def feature_table(cfg: CheckConfig, peak: float | None, deadline: float, failures: list[str]) -> dict:
+    """Defaults vs each feature switched off, at one shape (MLM, bf16), in interleaved rounds.
+
+    Every variant is its own Trainer (same seed, so the same initial weights), all alive together so that the
+    rounds can alternate between them; the feature shape is sized so that several 210m models fit one GPU."""
+    model, seq = cfg.feature_model, cfg.feature_seq
+    micro_batch = micro_batch_for(model, seq, cfg.smoke)
+    variants = {"defaults": {}, **{f"{name} off": off for name, off in FEATURES.items()}}
+    out = {"model": model, "seq_length": seq, "objective": "mlm", "micro_batch": micro_batch,
+           "rounds": cfg.feature_rounds, "steps_per_round": cfg.feature_steps, "rows": [],
+           "not_measurable_here": {
+               "overlap_grad_reduce / overlap_param_gather": "need data parallelism (> 1 GPU)",
+               "NCCL / allocator environment (Slurm executor)": "multi-GPU collectives",
+               "gradient_accumulation_fusion": "apex's fused_weight_gradient_mlp_cuda (NGC image only)"}}
+    trainers: dict[str, Trainer] = {}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for name, kwargs in variants.items():
+            trainers[name] = Trainer(model, PrecisionConfig(dtype="bf16"), cfg.seed, **kwargs)
+        batches = trainers["defaults"].batches("mlm", seq, micro_batch, count=4, seed=cfg.seed)
+        for trainer in trainers.values():  # warm-up (torch.compile of the fused kernels happens here)
+            set_causal(trainer.chunks, False)
+            for i in range(cfg.warmup_steps):
+                trainer.step(batches[i % len(batches)])
+        for _ in range(cfg.feature_rounds):
+            for name, trainer in trainers.items():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("time budget exhausted in the feature table")
+                synchronize()
+                start = time.perf_counter()
+                for i in range(cfg.feature_steps):
+                    trainer.step(batches[i % len(batches)])
+                synchronize()
+                samples[name].append(cfg.feature_steps * micro_batch * seq / (time.perf_counter() - start))
+        base = sorted(samples["defaults"])[len(samples["defaults"]) // 2]
+        for name, trainer in trainers.items():
+            tokens_per_s = sorted(samples[name])[len(samples[name]) // 2]
+            fpt = step_flops_per_token(trainer, "mlm", seq)
+            out["rows"].append({"variant": name, "tokens_per_s": tokens_per_s, "rounds": samples[name],
+                                "flops_per_token": fpt,
+                                "mfu": None if peak is None else mfu(tokens_per_s, fpt, peak),
+                                "defaults_speedup": base / tokens_per_s})
+    except Exception as err:
+        out["error"] = f"{type(err).__name__}: {err}"
+        failures.append(f"feature table: {out['error']}")
+        traceback.print_exc()
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+    return out
+
+
 def fp8_ratios(rows: list[RunRow]) -> list[dict]:
     bf16 = {(r.model, r.objective, r.seq_length): r for r in rows if r.precision == "bf16" and r.status == "ok"}
     out = []
@@ -434,6 +520,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 for objective in cfg.objectives:
                     rows.append(RunRow(model, "fp8", objective, seq, micro_batch_for(model, seq, cfg.smoke),
                                        status="skipped", reason=fp8_why))
+    features = feature_table(cfg, peaks["bf16"][0], deadline, failures) if cfg.features else None
     ratios = fp8_ratios(rows)
     goal_table = goals(rows, ratios, cfg.smoke)
     if cfg.require_goals:
@@ -453,6 +540,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 "attention": {m: fp8_attention_here(preset(m).head_dim, FP8_RECIPE)[1] for m in cfg.models},
                 "ratios": ratios},
         "precision_agreement": agreement,
+        "features": features,
         "runs": [asdict(r) for r in rows],
         "goals": goal_table,
         "config": asdict(cfg),
@@ -493,6 +581,16 @@ def format_report(report: dict) -> str:
     for ratio in fp8["ratios"]:
         lines.append(f"  FP8/bf16 {ratio['model']} {ratio['objective']} S={ratio['seq_length']}: "
                      f"{ratio['fp8_over_bf16']:.2f}x")
+    features = report.get("features")
+    if features:
+        lines.append(f"features on vs off ({features['model']} MLM S={features['seq_length']} "
+                     f"mbs={features['micro_batch']}, median of {features['rounds']} interleaved rounds):")
+        for row in features["rows"]:
+            mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+            lines.append(f"  {row['variant']:<32}{row['tokens_per_s']:>11,.0f} tok/s  MFU {mfu_text:>6}  "
+                         f"defaults are {row['defaults_speedup']:.2f}x")
+        for what, why in features["not_measurable_here"].items():
+            lines.append(f"  not measured: {what} ({why})")
     agr = report["precision_agreement"]
     lines.append(f"bf16 vs fp32 ({agr['model']}, {agr['steps']} MLM steps): max relative loss difference "
                  f"{_fmt(agr['max_rel_diff'], '.5f')} (tolerance {agr['rtol']}) -> "
@@ -519,6 +617,7 @@ def parse_args(argv=None) -> tuple[CheckConfig, Path | None]:
     p.add_argument("--peak-tflops", type=float, help="bf16 peak TFLOP/s of one device (overrides the table)")
     p.add_argument("--peak-tflops-fp8", type=float, help="fp8 peak TFLOP/s (default: 2x --peak-tflops if given)")
     p.add_argument("--agreement-rtol", type=float, help="bf16-vs-fp32 relative loss tolerance (default 0.01)")
+    p.add_argument("--no-features", action="store_true", help="skip the features on-vs-off table")
     p.add_argument("--require-goals", action="store_true", help="also fail when a performance goal is missed")
     a = p.parse_args(argv)
     for name in a.models or []:
@@ -529,7 +628,8 @@ def parse_args(argv=None) -> tuple[CheckConfig, Path | None]:
                                        budget_s=a.budget_s, peak_tflops=a.peak_tflops,
                                        peak_tflops_fp8=a.peak_tflops_fp8,
                                        agreement_rtol=a.agreement_rtol,
-                                       require_goals=a.require_goals or None).items() if v is not None}
+                                       require_goals=a.require_goals or None,
+                                       features=False if a.no_features else None).items() if v is not None}
     cfg = CheckConfig.smoke_defaults(**overrides) if a.smoke else CheckConfig(**overrides)
     return cfg, a.json
 

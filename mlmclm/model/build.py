@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
-                       use_te: bool = False) -> TransformerConfig:
+                       use_te: bool = False, fused_kernels: bool = True) -> TransformerConfig:
     precision = precision or PrecisionConfig()
     on_gpu = runtime.on_gpu()
     dtype = precision.resolved_dtype(on_gpu)
@@ -63,7 +63,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         **precision.fp8_scaling_kwargs(),
         fp8_dot_product_attention=fp8_attention,
         # Each fused kernel only where it can be imported for this spec (mlmclm/model/fusions.py); logged.
-        **fusion_flags(use_te).config_kwargs(),
+        **fusion_flags(use_te, enabled=fused_kernels).config_kwargs(),
         attention_softmax_in_fp32=True,
         # Losses are token sums; megatron divides gradients by the global batch's token count (DP- and
         # micro-batch-invariant). DDP reads this when it is built, so it belongs here.
@@ -84,14 +84,15 @@ def resolve_use_te(requested: bool | None) -> bool:
 
 
 def build_model(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
-                causal: bool = False, use_te: bool | None = None) -> list[GPTModel]:
+                causal: bool = False, use_te: bool | None = None, fused_kernels: bool = True) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), on the current device.
 
     `causal` picks the initial attention; `set_causal` switches it later without rebuilding anything.
+    `fused_kernels=False` switches every megatron fused kernel off (else each is on where it can run).
     """
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
-    config = transformer_config(model, parallel, precision, use_te)
+    config = transformer_config(model, parallel, precision, use_te, fused_kernels)
     vpp = parallel.virtual_pipeline_parallel
     stages = range(vpp) if vpp else [None]
     chunks = []

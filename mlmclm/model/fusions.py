@@ -142,8 +142,16 @@ def probe_kernels() -> KernelAvailability:
     )
 
 
-def fusion_flags(use_te: bool, avail: KernelAvailability | None = None) -> FusionFlags:
-    """Decide the flags for this machine and spec, and log them in one line."""
-    flags = decide_fusions(avail if avail is not None else probe_kernels(), use_te)
+def all_off(reason: str) -> FusionFlags:
+    off = Fusion(False, reason)
+    return FusionFlags(**{f.name: off for f in fields(FusionFlags)})
+
+
+def fusion_flags(use_te: bool, avail: KernelAvailability | None = None, enabled: bool = True) -> FusionFlags:
+    """Decide the flags for this machine and spec, and log them in one line. `enabled=False`: all off."""
+    if not enabled:
+        flags = all_off("switched off (fused_kernels=false)")
+    else:
+        flags = decide_fusions(avail if avail is not None else probe_kernels(), use_te)
     log.info(flags.summary(use_te))
     return flags

@@ -150,7 +150,7 @@ class _Run:
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
-                                  use_te=cfg.use_te)
+                                  use_te=cfg.use_te, fused_kernels=cfg.fused_kernels)
         self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
@@ -228,7 +228,8 @@ class _Run:
                 micro = self.loader.next_global_batch()
                 batches = [objective.prepare(mb["tokens"].to(self.state.device), mb["sample_ids"].to(self.state.device))
                            for mb in micro]
-                result = train_step(self.ddp, self.optimizer, self.scheduler, batches)
+                result = train_step(self.ddp, self.optimizer, self.scheduler, batches,
+                                    sparse_head=cfg.sparse_mlm_head)
                 self.iteration += 1
                 gc_control.step(self.iteration)
                 step_tokens = cfg.global_batch_size * self.seq

@@ -89,3 +89,9 @@ def test_the_fallback_from_transformer_engine_to_local_layers_is_logged(caplog):
                for r in caplog.records)
     with pytest.raises(ValueError, match="Transformer Engine layers requested but unavailable: no CUDA device"):
         resolve_use_te(True)
+
+
+def test_fused_kernels_false_switches_every_flag_off_even_where_kernels_exist():
+    flags = fusion_flags(use_te=True, avail=gpu(), enabled=False)
+    assert on(flags) == set()
+    assert all("fused_kernels=false" in getattr(flags, name).reason for name in ALL)
