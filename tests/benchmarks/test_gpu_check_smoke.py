@@ -10,7 +10,7 @@ ROW_FIELDS = {"model", "precision", "objective", "seq_length", "micro_batch", "s
               "fp8_attention_reason", "warmup_steps", "timed_steps", "seconds", "tokens_per_s", "flops_per_token",
               "tflops_per_gpu", "peak_tflops", "mfu", "peak_memory_gib", "first_loss", "last_loss"}
 TOP_FIELDS = {"mode", "data", "environment", "peak_tflops", "peak_source", "memory_kind", "flop_convention", "fp8",
-              "precision_agreement", "runs", "goals", "config", "total_seconds", "failures", "ok"}
+              "precision_agreement", "features", "runs", "goals", "config", "total_seconds", "failures", "ok"}
 
 
 def run_smoke(tmp_path, *extra):
@@ -64,6 +64,19 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     assert agreement["fp32_losses"] != agreement["bf16_losses"]
     assert all(g["measured"] is None for g in report["goals"].values())  # no goal is judged on CPU
     assert "model" in proc.stdout and "tok/s" in proc.stdout  # the table was printed
+
+    # The features table: defaults, then each feature off, each with a speed and the defaults' speed-up over it.
+    features = report["features"]
+    assert "error" not in features
+    assert [r["variant"] for r in features["rows"]] == ["defaults", "sparse MLM head off", "fused kernels off",
+                                                        "manual GC (interval 100) off"]
+    for row in features["rows"]:
+        assert len(row["rounds"]) == features["rounds"] and row["tokens_per_s"] > 0 and row["mfu"] > 0
+    rows = {r["variant"]: r for r in features["rows"]}
+    assert rows["defaults"]["defaults_speedup"] == 1.0
+    # The full head needs more FLOPs than the sparse one (LM head at every position, not 40 % of them).
+    assert rows["sparse MLM head off"]["flops_per_token"] > rows["defaults"]["flops_per_token"]
+    assert "features on vs off" in proc.stdout
 
 
 def test_a_failed_check_exits_nonzero_and_says_why(tmp_path):
