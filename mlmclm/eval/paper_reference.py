@@ -11,8 +11,10 @@ Fill `PAPER_SCORES` from the paper's tables (percent as printed, with the table/
 report then prints a distance column for every (model, column) recorded.
 
 The authors also released every fine-tuning run's scores (github.com/hgissbkh/EncodEval, branch MLM_vs_CLM,
-`results/<model>/<SC|TC|QA|IR>/<task>/[<train>_]lr<lr>_sd<seed>/results.json`, commit 7e03774 as stored); they were
-not aggregated here (no snapshot of that repository could be fetched), so nothing derived from them is recorded.
+`results/<model>/<SC|TC|QA|IR>/<task>/[<train>_]lr<lr>_sd<seed>/results.json`, commit 7e03774 as stored). No
+snapshot of that repository could be fetched here, so nothing derived from them is recorded in this file; with a
+local copy, `tools/paper_report.py --reference-encodeval RESULTS` aggregates them by our rule at report time
+(`encodeval_results.py`) and prints the distance from the authors' own runs.
 """
 from __future__ import annotations
 

@@ -142,6 +142,23 @@ def main_table(records: list[RunRecord],
     return table
 
 
+def released_reference(root: Path, recorded: tuple[ReferenceScore, ...] = PAPER_SCORES) -> tuple[ReferenceScore, ...]:
+    """Reference scores from the authors' released per-run results (`encodeval_results`), aggregated by the same
+    rule as ours; a (model, column) the paper's printed numbers already give keeps the printed one."""
+    from mlmclm.eval.encodeval_results import EncodEvalFormatError, load_encodeval_results
+
+    try:
+        records = load_encodeval_results(root)
+    except EncodEvalFormatError as err:
+        raise ReportInputError(str(err)) from err
+    taken = {(r.model, r.column) for r in recorded}
+    source = f"authors' released runs ({root}), aggregated by mlmclm's rule"
+    released = tuple(ReferenceScore(model, column, 100 * cell.mean, source)
+                     for (model, column), cell in sorted(main_table(records, ()).cells.items())
+                     if (model, column) not in taken and math.isfinite(cell.mean))
+    return recorded + released
+
+
 def _pct(cell: Cell | None) -> str:
     if cell is None or not math.isfinite(cell.mean):
         return "—"
@@ -221,9 +238,13 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
              "Scores in percent: test mean ± 95 % CI (Student t) over seeds, each task at the learning rate chosen "
              "on validation; a family score is the per-seed mean over the family's tasks, then mean ± CI over "
              "seeds. Inputs: " + ", ".join(str(d) for d in result_dirs) + ".", "", "## Main table", "", markdown]
-    if not any(c.reference is not None for c in table.cells.values()):
+    sources = sorted({c.reference.source for c in table.cells.values() if c.reference is not None})
+    if sources:
+        lines += ["Distance (Δ, percentage points, ours − reference) from: " + "; ".join(sources) + ".", ""]
+    else:
         lines += ["No distance from the paper: `mlmclm/eval/paper_reference.py` records no score of the paper for "
-                  "these models and columns (see its docstring for why and how to add them).", ""]
+                  "these models and columns (see its docstring for why and how to add them), and no released "
+                  "results were given (`--reference-encodeval`).", ""]
     lines += ["## Figures", ""]
     for name, note in figures.items():
         lines.append(f"* `{name}`: {note}")

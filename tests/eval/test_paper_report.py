@@ -215,3 +215,46 @@ def test_existing_report_is_not_overwritten_without_force(hand_case, tmp_path, c
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert run_tool([hand_case, "--out", out, "--force"], capsys)[0] == 0
     assert (out / "main_table.csv").read_bytes() != before["main_table.csv"]
+
+
+def write_released(root: Path, model: str, family: str, task: str, run: str, validation, test) -> None:
+    """One run as the authors' EncodEval release stores it (per-example scores left out)."""
+    path = root / model / family / task / run / "results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"validation": {"score": validation, "scores_i": [1, 0]},
+                                "test": {"score": test, "scores_i": [0, 1]}}))
+
+
+def test_released_encodeval_results_read_as_run_records(tmp_path):
+    from mlmclm.eval.encodeval_results import load_encodeval_results
+
+    root = tmp_path / "results"
+    write_released(root, "610m-clm-42k", "SC", "mnli_m", "lr1e-04_sd3", 0.7, 0.71)
+    write_released(root, "610m-clm-42k", "IR", "nq", "msmarco_pairs_lr5e-05_sd0", 0.3, None)
+    by_task = {r.task: r for r in load_encodeval_results(root)}
+    first, second = by_task["mnli"], by_task["nq"]
+    assert (first.model, first.task, first.family, first.learning_rate, first.seed, first.test_score) == \
+        ("610m-clm-42k", "mnli", "classification", 1e-4, 3, 0.71)
+    assert (second.task, second.family, second.learning_rate, second.extra["trained_on"]) == \
+        ("nq", "retrieval", 5e-5, "msmarco_pairs")
+    assert second.diverged and math.isnan(second.test_score)
+
+
+def test_distance_from_the_released_runs(tmp_path, capsys):
+    ours, released = tmp_path / "eval", tmp_path / "results"
+    for seed, score in enumerate([0.80, 0.82, 0.84]):
+        write_run(ours, "610m-mlm40-42k", "sst2", "classification", 1e-4, seed, score, score)
+        write_released(released, "610m-mlm40-42k", "SC", "sst2", f"lr1e-04_sd{seed}", score, score - 0.02)
+        write_released(released, "610m-mlm40-42k", "SC", "sst2", f"lr5e-04_sd{seed}", 0.1, 0.99)  # loses on validation
+    out = tmp_path / "report"
+    code, _ = run_tool([ours, "--out", out, "--reference-encodeval", released], capsys)
+    assert code == 0
+    rows = {row["model"]: row for row in csv.DictReader((out / "main_table.csv").open())}
+    assert float(rows["610m-mlm40-42k"]["sst2_paper"]) == pytest.approx(80.0)
+    assert float(rows["610m-mlm40-42k"]["SC_distance_pp"]) == pytest.approx(2.0)
+    assert "authors' released runs" in (out / "report.md").read_text()
+    bad = tmp_path / "bad" / "610m-clm-42k" / "XX" / "sst2" / "lr1e-04_sd0"
+    bad.mkdir(parents=True)
+    (bad / "results.json").write_text("{}")
+    code, err = run_tool([ours, "--out", tmp_path / "other", "--reference-encodeval", tmp_path / "bad"], capsys)
+    assert code == 2 and "results.json: expected <model>/<SC|TC|QA|IR>" in err and not (tmp_path / "other").exists()
