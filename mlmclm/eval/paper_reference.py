@@ -43,7 +43,8 @@ class ReferenceScore:
         if not self.model or not self.column or not self.source:
             raise ValueError(f"reference score needs model, column and source, got {self}")
         if not 0.0 <= self.value <= 100.0:
-            raise ValueError(f"reference score {self.model}/{self.column} must be in percent (0..100), got {self.value}")
+            raise ValueError(f"reference score {self.model}/{self.column} must be in percent (0..100), "
+                             f"got {self.value}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The paper's outputs from evaluation folders (`tools/evaluate.py` output: `runs/<model>/<task>/lr<lr>_seed<seed>.json`):
-the main table (models x SC/TC/QA/IR family means with 95 % CIs over seeds, plus per-task columns, with the distance
-from the paper's printed numbers where recorded) and the figures of `paper_figures`.
+"""The paper's outputs from evaluation folders (what `tools/evaluate.py` writes:
+`runs/<model>/<task>/lr<lr>_seed<seed>.json`): the main table (models x SC/TC/QA/IR family means with 95 % CIs
+over seeds, plus per-task columns, with the distance from the paper's numbers where recorded) and the figures of
+`paper_figures`.
 
 Selection and aggregation are `summary`'s (LR chosen on validation; family score = per-seed mean over the family's
 tasks, then mean ± CI over seeds); this module only validates the inputs, arranges the table and writes the files.
