@@ -6,7 +6,8 @@ arXiv 2507.00994 (v1 1 Jul 2025; v2 4 Jul 2025; v3 = ICLR 2026 version).
 Only values actually read in the paper's text (or in the authors' released material) belong here, each with its
 source. Score tables are still EMPTY: the stored copies of the paper reachable from this project
 (https://arxiv.org/html/2507.00994v2, .../v3, https://arxiv.org/abs/2507.00994) only showed the abstract and the
-first lines of the introduction, not the result tables or figures, so no per-family or per-task score could be read.
+first lines of the introduction, not the result tables or figures, and the authors' blog post (BLOG below) gives the
+study's design and direction of the results but no scores, so no per-family or per-task score could be read.
 Fill `PAPER_SCORES` from the paper's tables (percent as printed, with the table/figure number as `source`); the
 report then prints a distance column for every (model, column) recorded.
 
@@ -24,6 +25,9 @@ ARXIV = "https://arxiv.org/abs/2507.00994"
 ARXIV_HTML_V2 = "https://arxiv.org/html/2507.00994v2"
 RELEASED_MODELS = "https://huggingface.co/MLMvsCLM"
 RELEASED_RESULTS = "https://github.com/hgissbkh/EncodEval/tree/MLM_vs_CLM/results"
+# The authors' blog post (2 Jul 2025), read through a stored mirror of it
+# (hg.istephan-squireso.workers.dev/blog/Nicolas-BZRD/encoders-should-not-be-only-pre-trained-with-mlm).
+BLOG = "https://huggingface.co/blog/Nicolas-BZRD/encoders-should-not-be-only-pre-trained-with-mlm"
 
 # The columns a reference score may name: a family (the main table's short names) or a paper task.
 FAMILY_COLUMNS = ("SC", "TC", "QA", "IR")
@@ -67,6 +71,11 @@ PAPER_FACTS: tuple[ReferenceFact, ...] = (
     ReferenceFact("headline finding", "MLM generally better on text-representation tasks; CLM more data-efficient "
                   "and more stable to fine-tune; CLM then MLM (biphasic) best under a fixed training budget",
                   f"{ARXIV_HTML_V2}, abstract"),
+    ReferenceFact("compute", "110k GPU hours (over 30 models, more than 15,000 fine-tuning evaluations)",
+                  f"{BLOG}, introduction"),
+    ReferenceFact("biphasic study", "five splits, as the post lists them: 100% MLM, 75%-25%, 50%-50%, 25%-75%, "
+                  "100% CLM; budgets of 12k, 22k and 42k steps; hybrids consistently above pure MLM, by a margin that varies with task and "
+                  "budget (no numbers given)", f"{BLOG}, 'Masked or Causal Language Modeling?'"),
 )
 
 
