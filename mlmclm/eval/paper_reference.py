@@ -74,8 +74,9 @@ PAPER_FACTS: tuple[ReferenceFact, ...] = (
     ReferenceFact("compute", "110k GPU hours (over 30 models, more than 15,000 fine-tuning evaluations)",
                   f"{BLOG}, introduction"),
     ReferenceFact("biphasic study", "five splits, as the post lists them: 100% MLM, 75%-25%, 50%-50%, 25%-75%, "
-                  "100% CLM; budgets of 12k, 22k and 42k steps; hybrids consistently above pure MLM, by a margin that varies with task and "
-                  "budget (no numbers given)", f"{BLOG}, 'Masked or Causal Language Modeling?'"),
+                  "100% CLM; budgets of 12k, 22k and 42k steps; hybrids consistently above pure MLM, by a margin "
+                  "that varies with task and budget (no numbers given)",
+                  f"{BLOG}, 'Masked or Causal Language Modeling?'"),
 )
 
 
