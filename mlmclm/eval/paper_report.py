@@ -27,6 +27,8 @@ TABLE_MD, TABLE_CSV = "main_table.md", "main_table.csv"
 _REQUIRED = {"model": str, "task": str, "family": str, "main_metric": str, "learning_rate": (int, float),
              "seed": int, "validation": dict, "test": dict, "diverged": bool, "steps": int,
              "train_loss_first": (int, float), "train_loss_last": (int, float), "fingerprint": str}
+# Numbers that may be undefined (a diverged run): NaN as json writes it, or null as strict JSON has it.
+_MAY_BE_NULL = ("train_loss_first", "train_loss_last")
 
 
 class ReportInputError(ValueError):
@@ -64,11 +66,15 @@ def _load_run(path: Path) -> RunRecord:
     for name, kind in _REQUIRED.items():
         if name not in raw:
             raise ReportInputError(f"{path}: field '{name}' is missing")
+        if raw[name] is None and name in _MAY_BE_NULL:
+            raw[name] = float("nan")
         if not isinstance(raw[name], kind) or (kind is not bool and isinstance(raw[name], bool)):
             raise ReportInputError(f"{path}: field '{name}' has type {type(raw[name]).__name__}")
     if raw["family"] not in FAMILY_SHORT:
         raise ReportInputError(f"{path}: field 'family' is {raw['family']!r}; expected one of {sorted(FAMILY_SHORT)}")
     for split in ("validation", "test"):
+        if raw["main_metric"] in raw[split] and raw[split][raw["main_metric"]] is None:
+            continue  # an undefined score (null): the run counts as failed, as a NaN would
         value = raw[split].get(raw["main_metric"])
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ReportInputError(f"{path}: field '{split}' has no number for the main metric "

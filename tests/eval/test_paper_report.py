@@ -188,6 +188,16 @@ def test_malformed_run_json_exits_2_naming_path_and_field(hand_case, tmp_path, c
     assert not out.exists()  # nothing written
 
 
+def test_null_scores_and_losses_read_as_failed_runs(hand_case):
+    """A writer of strict JSON puts null where json.dumps puts NaN; both mean an undefined number."""
+    path = run_path(hand_case, "m", "t1", 1e-4, 0)
+    raw = json.loads(path.read_text())
+    raw.update(test={"accuracy": None}, train_loss_last=None, diverged=True)
+    path.write_text(json.dumps(raw))
+    failed = [r for r in load_results([hand_case]) if r.diverged]
+    assert len(failed) == 1 and math.isnan(failed[0].test_score) and math.isnan(failed[0].train_loss_last)
+
+
 def test_missing_results_exit_2(tmp_path, capsys):
     code, err = run_tool([tmp_path / "absent", "--out", tmp_path / "out"], capsys)
     assert code == 2 and f"{tmp_path / 'absent'}: no runs/ folder" in err
