@@ -146,6 +146,9 @@ def train_partial(
         logging=run.Config(LoggingConfig, log_interval=log_interval),
         seed=seed,
         use_te=True if fp8 else None,  # FP8 needs TE layers; without FP8, TE is used when importable
+        # The paper attends across the documents packed in a row: the authors' Optimus trainer packs documents into
+        # fixed-size blocks (optimus/dataprocess/pack_dataset.py) and attends over the whole block.
+        per_document_attention=False,
     )
     partial = run.Partial(pretrain_entry, config=config, nodes=nodes, gpus_per_node=gpus_per_node)
     validate(partial)

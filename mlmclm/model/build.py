@@ -111,6 +111,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
             rope_scaling_factor=float((model.rope_scaling or {}).get("factor", 8.0)),
             vp_stage=vp_stage,
         )
+        gpt.uses_transformer_engine = use_te  # per-document attention: THD with TE, a mask with local layers
         gpt.to(current_device())
         chunks.append(gpt)
     set_causal(chunks, causal)

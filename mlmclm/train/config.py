@@ -105,6 +105,9 @@ class TrainConfig:
     # megatron's fused kernels, each on only where its kernel exists for the spec in use (mlmclm.model.fusions);
     # false switches them all off (for comparing speed, or ruling a kernel out while debugging).
     fused_kernels: bool = True
+    # Attention within each packed document only (mlmclm.model.document_attention). Off by default, as in the
+    # paper: the authors' Optimus trainer packs documents into fixed-size blocks and attends across the block.
+    per_document_attention: bool = False
 
     def __post_init__(self):
         if not self.phases:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
+from mlmclm.model.document_attention import DocumentLayout
 from mlmclm.objectives import build_objective
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.train import checkpoint as ckpt
@@ -228,8 +229,12 @@ class _Run:
                 micro = self.loader.next_global_batch()
                 batches = [objective.prepare(mb["tokens"].to(self.state.device), mb["sample_ids"].to(self.state.device))
                            for mb in micro]
+                documents = None
+                if cfg.per_document_attention:  # boundaries found on the host: no device synchronisation
+                    documents = [DocumentLayout.from_document_ids(mb["document_ids"]).to(self.state.device)
+                                 for mb in micro]
                 result = train_step(self.ddp, self.optimizer, self.scheduler, batches,
-                                    sparse_head=cfg.sparse_mlm_head)
+                                    sparse_head=cfg.sparse_mlm_head, documents=documents)
                 self.iteration += 1
                 gc_control.step(self.iteration)
                 step_tokens = cfg.global_batch_size * self.seq

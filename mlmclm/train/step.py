@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -11,6 +11,8 @@ from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mlmclm.model.document_attention import (DocumentLayout, block_diagonal_mask, packed_seq_params,
+                                             rows_end_to_end)
 from mlmclm.model.sparse_head import flat_positions, select_labels, sparse_head_loss
 from mlmclm.model.weights import unwrap
 from mlmclm.objectives import ObjectiveBatch
@@ -70,7 +72,7 @@ def _loss_func(loss_mask: torch.Tensor, correct: torch.Tensor, token_losses: tor
 
 
 def _forward_step(data_iterator, model):
-    batch, predicted = next(data_iterator)
+    batch, predicted, attention = next(data_iterator)
     seq = batch.input_ids.shape[1]
     positions = torch.arange(seq, device=batch.input_ids.device).unsqueeze(0).expand_as(batch.input_ids)
     if predicted is None:
@@ -84,7 +86,8 @@ def _forward_step(data_iterator, model):
     tap = getattr(unwrap(model), "accuracy_tap", None)  # only on the chunk that holds the output layer
     if tap is not None:
         tap.labels, tap.loss_mask = labels, loss_mask
-    output = model(batch.input_ids, positions, None, labels=labels, **head)
+    output = model(batch.input_ids, positions, attention.get("attention_mask"), labels=labels,
+                   packed_seq_params=attention.get("packed_seq_params"), **head)
     return output, partial(_loss_func, loss_mask, tap.take() if tap is not None else None)
 
 
@@ -106,19 +109,35 @@ def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
         config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
 
 
+def document_attention_inputs(batch: ObjectiveBatch, layout: DocumentLayout, thd: bool) -> tuple[ObjectiveBatch, dict]:
+    """The batch and the model's keyword arguments for per-document attention (mlmclm.model.document_attention):
+    TE layers take the rows end to end in the THD format, local layers a block-diagonal mask."""
+    if thd:
+        flat = replace(batch, input_ids=rows_end_to_end(batch.input_ids), labels=rows_end_to_end(batch.labels),
+                       loss_mask=rows_end_to_end(batch.loss_mask))
+        return flat, {"packed_seq_params": packed_seq_params(layout)}
+    return batch, {"attention_mask": block_diagonal_mask(layout.document_ids, batch.causal)}
+
+
 def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False,
-                     sparse_head: bool = True) -> torch.Tensor:
+                     sparse_head: bool = True, documents: list[DocumentLayout] | None = None) -> torch.Tensor:
     """Run the schedule; return [loss_sum, predicted_tokens, correct] summed over the global batch, on every rank.
 
     `sparse_head`: for bidirectional (MLM) batches, run the output layer and CE at labelled positions only (same
-    loss and gradients as the full head, fewer FLOPs). Causal (CLM) batches always use the full head."""
+    loss and gradients as the full head, fewer FLOPs). Causal (CLM) batches always use the full head.
+    `documents`: one layout per micro-batch for per-document attention; None attends across documents."""
+    attention = [{} for _ in micro_batches]
+    if documents is not None:
+        thd = bool(getattr(unwrap(ddp_chunks[0]), "uses_transformer_engine", False))
+        pairs = [document_attention_inputs(mb, layout, thd) for mb, layout in zip(micro_batches, documents)]
+        micro_batches, attention = [p[0] for p in pairs], [p[1] for p in pairs]
     seq = micro_batches[0].input_ids.shape[1]
     mbs = micro_batches[0].input_ids.shape[0]
     if sparse_head and not micro_batches[0].causal:
         predicted = flat_positions([mb.loss_mask for mb in micro_batches])
     else:
         predicted = [None] * len(micro_batches)
-    items = list(zip(micro_batches, predicted))
+    items = list(zip(micro_batches, predicted, attention))
     if len(ddp_chunks) > 1:
         # Interleaved schedule: one iterator per model chunk, each over the same micro-batches.
         iterators = [iter(items) for _ in ddp_chunks]
@@ -144,11 +163,11 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
 
 
 def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBatch],
-               sparse_head: bool = True) -> StepResult:
+               sparse_head: bool = True, documents: list[DocumentLayout] | None = None) -> StepResult:
     for chunk in ddp_chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head)
+    stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head, documents=documents)
     finite = torch.isfinite(stats).all() & grads_are_finite(ddp_chunks)
     finite = finite.to(torch.int32)
     dist.all_reduce(finite, op=dist.ReduceOp.MIN)

@@ -255,3 +255,27 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
 def _extra_state_keys(metadata: dict) -> list[str]:
     """`_extra_state` entries of a dist checkpoint (stored as objects: `KEY/shard_i_n`)."""
     return sorted({k.split("/")[0] for k in metadata if k.split("/")[0].endswith("_extra_state")})
+
+
+def run_recording_documents(cfg_dict, record_path):
+    """A run that records, for every training step, the document layouts the step received and the loader's ids."""
+    from mlmclm.data import loader as loader_module
+    from mlmclm.train import step as step_module
+
+    seen, batches = [], []
+    original_step, original_next = step_module.train_step, loader_module.PackedLoader.next_global_batch
+
+    def train_step(*args, documents=None, **kwargs):
+        seen.append(None if documents is None else [(d.document_ids.cpu(), d.cu_seqlens.cpu()) for d in documents])
+        return original_step(*args, documents=documents, **kwargs)
+
+    def next_global_batch(self):
+        micro = original_next(self)
+        batches.append([mb["document_ids"].clone() for mb in micro])
+        return micro
+
+    from mlmclm.train import pretrain as pt
+
+    pt.train_step, loader_module.PackedLoader.next_global_batch = train_step, next_global_batch
+    _train(cfg_dict)
+    torch.save({"seen": seen, "loader": batches}, record_path)

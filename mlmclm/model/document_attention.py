@@ -1,0 +1,73 @@
+"""Per-document attention inside packed rows: each token attends only to tokens of its own document.
+
+A prepared row packs several documents back to back (`mlmclm.data.prepare`); by default attention crosses their
+boundaries, as in the paper's trainer (the authors' Optimus packs documents into fixed-size blocks and attends over
+the whole block). With `per_document_attention` each document is seen as if it were alone:
+
+- megatron's local layers (CPU, or GPU without TE): an explicit block-diagonal mask [b, 1, S, S] (causal within
+  each document for CLM), passed as the model's `attention_mask`; megatron fills masked scores with -10000 before
+  an fp32 softmax, so masked keys get exactly zero weight;
+- Transformer Engine layers: the THD packed format. The micro-batch's rows are laid end to end as one sequence of
+  b·S tokens, `PackedSeqParams.cu_seqlens` mark every document start and every row start, and TE's fused
+  attention (cuDNN) attends within each segment; RoPE restarts at each segment there.
+
+RoPE positions differ between the two (the mask keeps each token's position in the row, THD restarts at 0), but
+rotary attention depends only on the distance between query and key, so both equal running each document alone
+up to rounding. The local path is tested against that on CPU; the THD path needs TE and a GPU (see
+`benchmarks/gpu_train_check.py`), and is unverified where that has not run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DocumentLayout:
+    """Where documents start in one micro-batch, prepared on the host before the batch moves to the device."""
+
+    document_ids: torch.Tensor  # [b, S] int64: per row, 0 for the document the row starts in, +1 at each start
+    cu_seqlens: torch.Tensor    # [segments + 1] int32: boundaries of the segments in the rows laid end to end
+    max_seqlen: int             # longest segment (a host int: TE needs it without a device synchronisation)
+
+    @classmethod
+    def from_document_ids(cls, document_ids: torch.Tensor) -> "DocumentLayout":
+        """From the loader's [b, S] document ids (on the host)."""
+        if document_ids.dim() != 2:
+            raise ValueError(f"document ids must be [b, S], got shape {tuple(document_ids.shape)}")
+        rows, seq = document_ids.shape
+        flat = document_ids.reshape(-1)
+        starts = torch.ones_like(flat, dtype=torch.bool)
+        starts[1:] = flat[1:] != flat[:-1]
+        starts[::seq] = True  # each row starts a segment, whatever its first document id
+        bounds = torch.cat([starts.nonzero().reshape(-1), torch.tensor([rows * seq])])
+        lengths = bounds[1:] - bounds[:-1]
+        return cls(document_ids.to(torch.int64), bounds.to(torch.int32), int(lengths.max()))
+
+    def to(self, device, non_blocking: bool = True) -> "DocumentLayout":
+        return DocumentLayout(self.document_ids.to(device, non_blocking=non_blocking),
+                              self.cu_seqlens.to(device, non_blocking=non_blocking), self.max_seqlen)
+
+
+def block_diagonal_mask(document_ids: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[b, 1, S, S] bool, True where attention is *not* allowed (megatron's convention): across documents, and
+    for `causal` also to later positions."""
+    same = document_ids.unsqueeze(2) == document_ids.unsqueeze(1)  # [b, S(query), S(key)]
+    if causal:
+        seq = document_ids.shape[1]
+        same &= torch.ones(seq, seq, dtype=torch.bool, device=document_ids.device).tril()
+    return ~same.unsqueeze(1)
+
+
+def packed_seq_params(layout: DocumentLayout):
+    """megatron's `PackedSeqParams` for the THD format over the micro-batch's rows laid end to end."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=layout.cu_seqlens, cu_seqlens_kv=layout.cu_seqlens,
+                           max_seqlen_q=layout.max_seqlen, max_seqlen_kv=layout.max_seqlen)
+
+
+def rows_end_to_end(tensor: torch.Tensor) -> torch.Tensor:
+    """[b, S] → [1, b·S]: the THD layout's single sequence (megatron's [b, s] with b = 1)."""
+    return tensor.reshape(1, -1)
