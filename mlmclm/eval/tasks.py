@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1"
 _SPLIT_SEED = 0  # fixed so derived validation/test splits are identical across runs and models
 SPLIT_PROTOCOLS = ("given", "paper")
 PAPER_VALIDATION_FRACTION, PAPER_VALIDATION_SEED = 0.05, 42  # EncodEval: validation = 5 % of train, seed 42
+BIO_TAG = re.compile(r"O|[BI]-\S.*")  # IOB2: outside, or Begin/Inside of an entity type
 
 
 class TaskDataError(ValueError):
@@ -117,8 +119,18 @@ def load_task_specs(path: Path) -> list[TaskSpec]:
     return specs
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
+@dataclass
+class SourceRows:
+    """The rows of one source split, each with where it came from (1-based: `file:line`, `file row n`), so every
+    error about a row points at the line to fix."""
+
+    source: str  # the file, or `hf:name [split]`
+    rows: list[dict[str, Any]]
+    locations: list[str]
+
+
+def _read_jsonl(path: Path) -> SourceRows:
+    rows, locations = [], []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -130,10 +142,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             if not isinstance(row, dict):
                 raise TaskDataError(f"{path}:{number}: expected a JSON object per line")
             rows.append(row)
-    return rows
+            locations.append(f"{path}:{number}")
+    return SourceRows(str(path), rows, locations)
 
 
-def _read_local_split(folder: Path, split: str) -> list[dict[str, Any]] | None:
+def _numbered(source: str, rows: list[dict[str, Any]]) -> SourceRows:
+    return SourceRows(source, rows, [f"{source} row {number}" for number in range(1, len(rows) + 1)])
+
+
+def _read_local_split(folder: Path, split: str) -> SourceRows | None:
     for suffix in (".jsonl", ".parquet"):
         candidate = folder / f"{split}{suffix}"
         if candidate.exists():
@@ -141,7 +158,7 @@ def _read_local_split(folder: Path, split: str) -> list[dict[str, Any]] | None:
                 return _read_jsonl(candidate)
             import pyarrow.parquet as pq
 
-            return pq.read_table(candidate).to_pylist()
+            return _numbered(str(candidate), pq.read_table(candidate).to_pylist())
     return None
 
 
@@ -152,7 +169,7 @@ def _source_splits(spec: TaskSpec) -> dict[str, str]:
     return {split: spec.split_names.get(split, split) for split in SPLITS}
 
 
-def _read_hf_splits(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
+def _read_hf_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     import datasets  # network access; never exercised in tests
 
     loaded = datasets.load_dataset(spec.hf_name, spec.hf_config)
@@ -169,7 +186,7 @@ def _read_hf_splits(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
         if names:
             for row in rows:
                 row[tag_column] = [names[i] for i in row[tag_column]]
-        out[split] = rows
+        out[split] = _numbered(f"hf:{spec.hf_name} [{source}]", rows)
     return out
 
 
@@ -206,6 +223,10 @@ def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> 
             raise TaskDataError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
         if not all(isinstance(t, str) for t in tags):
             raise TaskDataError(f"{where}: field 'tags' must hold strings such as 'B-PER' / 'O'")
+        for position, tag in enumerate(tags, start=1):
+            if not BIO_TAG.fullmatch(tag):
+                raise TaskDataError(f"{where}: tag {tag!r} (token {position}) is not a BIO/IOB2 tag: expected 'O', "
+                                    f"'B-<type>' or 'I-<type>'")
         return {"tokens": [str(t) for t in tokens], "tags": tags}
     if family == "qa":
         context = _require(row, "context", str, where)
@@ -229,12 +250,15 @@ def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> 
     return {"query": _require(row, "query", str, where), "positives": positives, "negatives": negatives}
 
 
-def _normalise_rows(spec: TaskSpec, rows: list[dict[str, Any]], origin: str, split: str) -> list[dict[str, Any]]:
+def _normalise_rows(spec: TaskSpec, raw: SourceRows, locations: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Validated rows in our schema; `locations`, when given, receives id(row) -> where the row came from."""
     normalised = []
-    for index, row in enumerate(_rename(rows, spec.columns)):
-        out = _normalise_row(spec.family, row, f"{origin} [{split} row {index}]", index)
+    for index, (row, where) in enumerate(zip(_rename(raw.rows, spec.columns), raw.locations)):
+        out = _normalise_row(spec.family, row, where, index)
         if out is not None:
             normalised.append(out)
+            if locations is not None:
+                locations[id(out)] = where
     return normalised
 
 
@@ -265,15 +289,14 @@ def load_extra_tests(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
                     break
             if rows is None:
                 raise TaskDataError(f"task {spec.name!r}: extra test {name!r} has no test/validation file in {folder}")
-            origin = str(folder)
         else:
             raw = _read_hf_splits(TaskSpec(**{**sub.__dict__, "split_protocol": "paper"}))
             if "test" not in raw:
                 raise TaskDataError(f"task {spec.name!r}: extra test {name!r} has no such split in hf:{sub.hf_name}")
-            rows, origin = raw["test"], f"hf:{sub.hf_name}"
-        out[name] = _normalise_rows(sub, rows, origin, "test")
+            rows = raw["test"]
+        out[name] = _normalise_rows(sub, rows)
         if not out[name]:
-            raise TaskDataError(f"task {spec.name!r}: extra test {name!r} in {origin} has no rows")
+            raise TaskDataError(f"task {spec.name!r}: extra test {name!r} in {rows.source} has no rows")
     return out
 
 
@@ -299,14 +322,17 @@ def load_task(spec: TaskSpec) -> TaskData:
 
     splits: dict[str, list[dict[str, Any]]] = {}
     notes = []
+    locations: dict[int, str] = {}  # id(row) -> file:line, for errors found after the splits are rearranged
     for split, rows in raw.items():
-        if not rows:  # an empty file is a mistake to report, never a split to derive silently
-            raise TaskDataError(f"task {spec.name!r}: the {split} split in {origin} is empty")
-        normalised = _normalise_rows(spec, rows, origin, split)
+        if not rows.rows:  # an empty file is a mistake to report; only a missing one is derived (below)
+            derivable = split != "train" and spec.split_protocol == "given"
+            raise TaskDataError(f"task {spec.name!r}: {rows.source} is empty (no rows)"
+                                + ("; fill it, or remove it to have the split derived" if derivable else ""))
+        normalised = _normalise_rows(spec, rows, locations)
         if normalised:
             splits[split] = normalised
         else:  # e.g. GLUE's test splits, whose labels are all -1
-            notes.append(f"the {split} split in {origin} has no labeled rows; ignored")
+            notes.append(f"{rows.source} has no labeled rows; ignored")
     if "train" not in splits:
         raise TaskDataError(f"task {spec.name!r}: the train split in {origin} has no labeled rows")
 
@@ -348,7 +374,27 @@ def load_task(spec: TaskSpec) -> TaskData:
             if unseen:
                 raise TaskDataError(f"task {spec.name!r}: {split} has labels never seen in train: {sorted(unseen)}")
     elif spec.family == "token_classification":
-        tags = {tag for row in splits["train"] for tag in row["tags"]}
-        labels = ["O"] + sorted(tags - {"O"})
+        labels = tag_inventory(spec.name, splits, locations)
     extra = load_extra_tests(spec) if spec.extra_tests else {}
     return TaskData(spec=spec, splits=splits, labels=labels, notes=notes, extra_tests=extra)
+
+
+def tag_inventory(task: str, splits: dict[str, list[dict[str, Any]]], locations: dict[int, str]) -> list[str]:
+    """The tag set of a token-classification task: "O" first, then train's tags. Refused, naming the row: an
+    `I-X` whose `B-X` never occurs in train (IOB1 data, or a typo: IOB2 begins every entity with B-), and a
+    validation/test tag train never has (the model could not learn it; its gold would silently count as "O")."""
+    train_tags: dict[str, str] = {}
+    for row in splits["train"]:
+        for tag in row["tags"]:
+            train_tags.setdefault(tag, locations.get(id(row), "train"))
+    for tag, where in train_tags.items():
+        if tag.startswith("I-") and "B-" + tag[2:] not in train_tags:
+            raise TaskDataError(f"{where}: tag {tag!r} but train has no {'B-' + tag[2:]!r}: entities must begin "
+                                f"with B- (IOB2); convert IOB1 data")
+    for split in ("validation", "test"):
+        for row in splits[split]:
+            for tag in row["tags"]:
+                if tag not in train_tags:
+                    raise TaskDataError(f"{locations.get(id(row), split)}: tag {tag!r} ({split} split) never occurs "
+                                        f"in task {task!r}'s train split")
+    return ["O"] + sorted(set(train_tags) - {"O"})

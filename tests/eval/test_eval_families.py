@@ -47,7 +47,7 @@ def test_qa_unanswerable_questions_enable_empty_predictions(tmp_path, tiny_model
 
 def test_schema_errors_name_the_file_row_and_field(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "label": "x"}, {"txt": "b", "label": "y"}])
-    with pytest.raises(TaskDataError, match=r"train row 1.*missing field 'text'"):
+    with pytest.raises(TaskDataError, match=r"train\.jsonl:2: missing field 'text'"):
         load_task(TaskSpec(name="bad", family="classification", path=str(tmp_path)))
     (tmp_path / "train.jsonl").write_text('{"text": "a", "label": 1}\nnot json\n')
     with pytest.raises(TaskDataError, match=r"train.jsonl:2: invalid JSON"):
