@@ -1,7 +1,7 @@
 """Fine-tune and evaluate Hugging Face encoder directories on downstream tasks (docs/evaluation.md).
 
   python tools/evaluate.py grid --model CLM=out/clm_hf --data-root data/paper --output eval/clm   # the paper suite
-  python tools/evaluate.py grid --model CLM=out/clm_hf --smoke --output eval/clm
+  python tools/evaluate.py grid --model CLM=out/clm_hf --smoke --output eval/clm      # the smoke budget (smoke.py)
   python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm
   python tools/evaluate.py curve --run-dir runs/clm --smoke --lrs 1e-4 --seeds 0 --output eval/clm_curve
   python tools/evaluate.py summary --output eval/clm            # rebuild summary.md from the run JSONs
@@ -20,6 +20,7 @@ from pathlib import Path
 from mlmclm.eval.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
 from mlmclm.eval.protocol import PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records, run_grid
+from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
 from mlmclm.eval.smoke_tasks import write_smoke_tasks
 from mlmclm.eval.summary import write_summary
 from mlmclm.eval.tasks import TaskDataError, load_task_specs
@@ -50,7 +51,15 @@ def _tasks(args) -> list:
 
 
 def _protocol(args) -> ProtocolConfig:
-    common = dict(learning_rates=tuple(args.lrs), seeds=tuple(args.seeds), batch_size=args.batch_size)
+    if args.smoke and not (args.tasks or args.preset):
+        # the smoke tasks alone: the budget they are learnable in at demo size (the paper grid's LRs and one epoch
+        # of their ~200 NER rows, 7 steps, leave every model at entity F1 0)
+        return ProtocolConfig(learning_rates=tuple(args.lrs or SMOKE_LEARNING_RATES),
+                              seeds=tuple(args.seeds or PAPER_SEEDS), batch_size=args.batch_size or SMOKE_BATCH_SIZE,
+                              max_steps=SMOKE_MAX_STEPS if args.max_steps is None else args.max_steps,
+                              max_epochs=args.max_epochs)
+    common = dict(learning_rates=tuple(args.lrs or PAPER_LEARNING_RATES), seeds=tuple(args.seeds or PAPER_SEEDS),
+                  batch_size=args.batch_size or 32)
     if _suite(args) == "paper":
         if args.max_epochs is not None:
             raise ValueError("the paper suite fixes the epochs (TC: one full epoch); --max-epochs applies to "
@@ -74,7 +83,7 @@ def _models(values: list[str]) -> dict[str, Path]:
     return models
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     grid = commands.add_parser("grid", help="LR x seed grid on each task for each model, then the summary")
@@ -89,17 +98,25 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--smoke", action="store_true", help="the embedded smoke tasks (offline)")
         sub.add_argument("--tasks", type=Path, help="JSON list of task specs (docs/evaluation.md)")
         sub.add_argument("--preset", action="append", choices=sorted(PRESETS), help="paper task by HF name")
-        sub.add_argument("--lrs", type=float, nargs="+", default=list(PAPER_LEARNING_RATES))
-        sub.add_argument("--seeds", type=int, nargs="+", default=list(PAPER_SEEDS))
-        sub.add_argument("--max-steps", type=int, help="step cap (default 1000; paper suite: SC/QA/IR budget)")
-        sub.add_argument("--max-epochs", type=int, help="custom suites: epoch cap (default 1)")
-        sub.add_argument("--batch-size", type=int, default=32)
+        sub.add_argument("--lrs", type=float, nargs="+",
+                         help=f"default: the paper grid {list(PAPER_LEARNING_RATES)}; --smoke alone: "
+                              f"{list(SMOKE_LEARNING_RATES)}")
+        sub.add_argument("--seeds", type=int, nargs="+", help=f"default: {list(PAPER_SEEDS)}")
+        sub.add_argument("--max-steps", type=int,
+                         help=f"step cap (default 1000; --smoke alone: {SMOKE_MAX_STEPS}; paper suite: SC/QA/IR "
+                              f"budget)")
+        sub.add_argument("--max-epochs", type=int, help="custom suites: epoch cap (default 1; --smoke alone: none)")
+        sub.add_argument("--batch-size", type=int, help=f"default 32; --smoke alone: {SMOKE_BATCH_SIZE}")
     grid.add_argument("--model", action="append", required=True, metavar="LABEL=HF_MODEL_DIR")
     curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")
     curve.add_argument("--every", type=int, default=1, help="evaluate every N-th checkpoint (the last always)")
     for sub in (grid, curve, summary):
         sub.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     try:
         if args.command == "grid":

@@ -13,12 +13,13 @@ from mlmclm.eval.summary import write_summary
 # learns the name tasks. A tiny model wants a larger LR than the paper grid's 1e-5..5e-4.
 SMOKE_LEARNING_RATES = (3e-3,)
 SMOKE_MAX_STEPS = 100
+SMOKE_BATCH_SIZE = 16
 
 
 def run_smoke_evaluation(model_dirs: dict[str, Path], output_dir: Path,
                          lrs: tuple[float, ...] = SMOKE_LEARNING_RATES, seeds: tuple[int, ...] = (0,),
-                         max_steps: int = SMOKE_MAX_STEPS, max_epochs: int | None = None, batch_size: int = 16,
-                         sizes: SmokeSizes = SmokeSizes(), progress: bool = True,
+                         max_steps: int = SMOKE_MAX_STEPS, max_epochs: int | None = None,
+                         batch_size: int = SMOKE_BATCH_SIZE, sizes: SmokeSizes = SmokeSizes(), progress: bool = True,
                          tasks: tuple[str, ...] | None = None) -> Path:
     """Fine-tune every model on the smoke tasks (all four, or those named in `tasks`; LR grid x seeds), write run
     JSONs under `output_dir/runs`, and return the path of `output_dir/summary.md`. Re-running skips finished runs."""
