@@ -137,11 +137,13 @@ def run_path(output_dir: Path, model: str, task: str, learning_rate: float, seed
     return Path(output_dir) / RUNS_FOLDER / model / task / f"lr{learning_rate:g}_seed{seed}.json"
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write to a temporary sibling then rename, so a crash never leaves a half-written file under the final name."""
+def write_json_atomic(path: Path, payload: Any, allow_nan: bool = True) -> None:
+    """Write to a temporary sibling then rename, so a crash never leaves a half-written file under the final name.
+    `allow_nan=False` refuses NaN/Infinity, which `json` would otherwise write although they are not JSON."""
+    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=allow_nan)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, allow_nan=True), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -152,9 +152,21 @@ def write_summary(records: list[RunRecord], output_dir: Path) -> Path:
     tmp = markdown_path.with_name("summary.md.tmp")
     tmp.write_text(summary_markdown(records), encoding="utf-8")
     tmp.replace(markdown_path)
-    write_json_atomic(output_dir / "summary.json", {
+    write_json_atomic(output_dir / "summary.json", finite_or_null({
         "tasks": [asdict(t) for t in task_results(records)],
         "families": [asdict(f) for f in family_results(records)],
         "stability": [asdict(s) for s in stability_results(records)],
-    })
+    }), allow_nan=False)
     return markdown_path
+
+
+def finite_or_null(value):
+    """`value` with every NaN/±inf float replaced by None: an undefined number (the CI of one seed, the spread of a
+    task whose runs all failed) is `null` in JSON, which has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
