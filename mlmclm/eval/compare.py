@@ -84,13 +84,9 @@ def compare_runs(runs: list[RunInputs], output_dir: Path) -> Path:
         ax.legend()
         images.append(_save(fig, output_dir / "downstream_vs_steps.png"))
 
-    if records:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        data = [[100 * r.test_score for r in recs if math.isfinite(r.test_score)] for recs in records.values()]
-        ax.boxplot(data, tick_labels=list(records))
-        ax.set_ylabel("test score of every (task, LR, seed) run (%)")
-        ax.set_title("stability over seeds and learning rates")
-        images.append(_save(fig, output_dir / "stability.png"))
+    boxes = stability_boxes(records)
+    if boxes:
+        images.append(_save(_stability_figure(boxes, list(records)), output_dir / "stability.png"))
 
     lines = ["# Run comparison", "", "| run | final CLM loss | final MLM loss | tokens | "
              + " | ".join(f"{f} (test %)" for f in _families(records)) + " | std all runs | diverged |",
@@ -115,6 +111,52 @@ def compare_runs(runs: list[RunInputs], output_dir: Path) -> Path:
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tmp.replace(markdown)
     return markdown
+
+
+@dataclass(frozen=True)
+class StabilityBox:
+    """The test scores (%) of every (LR, seed) run of one run label on one task."""
+
+    task: str
+    label: str
+    scores: tuple[float, ...]
+
+
+def stability_boxes(records: dict[str, list]) -> list[StabilityBox]:
+    """One box per (task, run label), tasks sorted, labels in the given order. Tasks are never pooled: their
+    scales differ (NDCG vs accuracy), so a pooled box would show the spread between tasks, not over seeds and LRs."""
+    tasks = sorted({r.task for recs in records.values() for r in recs})
+    boxes = []
+    for task in tasks:
+        for label, recs in records.items():
+            scores = tuple(100 * r.test_score for r in recs if r.task == task and math.isfinite(r.test_score))
+            if scores:
+                boxes.append(StabilityBox(task, label, scores))
+    return boxes
+
+
+def _stability_figure(boxes: list[StabilityBox], labels: list[str]):
+    """Boxes grouped by task along x, one colour per run label."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(b.task for b in boxes))
+    width = 0.8 / len(labels)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(tasks) * len(labels)), 4))
+    for index, label in enumerate(labels):
+        mine = [b for b in boxes if b.label == label]
+        if not mine:
+            continue
+        positions = [tasks.index(b.task) + (index - (len(labels) - 1) / 2) * width for b in mine]
+        colour = colours[index % len(colours)]
+        ax.boxplot([b.scores for b in mine], positions=positions, widths=0.9 * width, patch_artist=True,
+                   boxprops={"facecolor": colour, "alpha": 0.6}, medianprops={"color": "black"}, manage_ticks=False)
+        ax.plot([], [], color=colour, linewidth=8, alpha=0.6, label=label)  # legend entry
+    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
+    ax.set_ylabel("test score of every (LR, seed) run (%)")
+    ax.set_title("stability over seeds and learning rates, per task")
+    ax.legend()
+    return fig
 
 
 def _families(records) -> list[str]:
