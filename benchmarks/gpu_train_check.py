@@ -11,7 +11,9 @@ What the CPU test suite cannot show, checked on the device with the tiny model (
    step's loss is compared with the reference (bit-identical expected: same kernels, same order; reported as the
    largest difference otherwise), with the seconds from each signal to the agent's exit;
 3. `tools/convert_to_hf.py --verify` on the final checkpoint, then the export loaded by `transformers` on the GPU;
-4. with Transformer Engine importable: a TE run (its real `_extra_state` keys in the checkpoint, listed), that
+4. per-document attention equals each document alone (logits, bf16 tolerance), CLM and MLM: the local layers'
+   block-diagonal mask on the GPU, and with TE the THD packed format (not testable on CPU);
+5. with Transformer Engine importable: a TE run (its real `_extra_state` keys in the checkpoint, listed), that
    checkpoint resumed on megatron's local layers and exported with --verify, and short FP8 runs (delayed and
    tensorwise recipes) whose losses must be finite.
 Writes `report.json` in --out and prints one line per check; exits 1 when any check failed.
@@ -182,6 +184,69 @@ def te_extra_state_keys(checkpoint: Path) -> list[str]:
     return sorted(k for k in metadata.state_dict_metadata if "_extra_state" in k)
 
 
+DOC_LENGTHS = [[40, 100, 60, 56], [256], [10, 246]]  # three packed rows of 256 tokens
+
+
+def _document_attention_worker(use_te: bool, out_path: str) -> None:
+    import torch
+
+    from mlmclm.model import build_model, preset, set_causal
+    from mlmclm.model.document_attention import DocumentLayout, block_diagonal_mask, packed_seq_params
+    from mlmclm.model.precision import PrecisionConfig
+    from mlmclm.parallel import ParallelConfig, current_device, destroy_parallel, init_parallel
+
+    init_parallel(ParallelConfig(), seed=3)
+    torch.manual_seed(0)
+    shape = preset("tiny")
+    chunks = build_model(shape, ParallelConfig(), PrecisionConfig(dtype="bf16"), causal=False, use_te=use_te)
+    model, device = chunks[0].eval(), current_device()
+    seq = sum(DOC_LENGTHS[0])
+    ids = torch.stack([torch.repeat_interleave(torch.arange(len(n)), torch.tensor(n)) for n in DOC_LENGTHS])
+    layout = DocumentLayout.from_document_ids(ids)
+    tokens = torch.randint(5, shape.vocab_size, ids.shape, device=device)
+    positions = torch.arange(seq, device=device).expand_as(tokens)
+    result = {}
+    with torch.no_grad():
+        for causal in (False, True):
+            set_causal(chunks, causal)
+            if use_te:  # THD: rows end to end, one sequence
+                flat = model(tokens.reshape(1, -1), torch.arange(tokens.numel(), device=device).unsqueeze(0), None,
+                             packed_seq_params=packed_seq_params(layout.to(device)))
+                packed = flat.reshape(tokens.shape[0], seq, -1)
+            else:
+                packed = model(tokens, positions, block_diagonal_mask(layout.document_ids.to(device), causal))
+            across = model(tokens, positions, None)
+            worst, spread = 0.0, 0.0
+            for row, lengths in enumerate(DOC_LENGTHS):
+                start = 0
+                for n in lengths:
+                    alone = model(tokens[row:row + 1, start:start + n],
+                                  torch.arange(n, device=device).unsqueeze(0), None)[0].float()
+                    worst = max(worst, float((packed[row, start:start + n].float() - alone).abs().max()))
+                    spread = max(spread, float((across[row, start:start + n].float() - alone).abs().max()))
+                    start += n
+            result["causal" if causal else "bidirectional"] = {"max_abs_diff_vs_alone": worst,
+                                                              "max_abs_diff_without_mask": spread}
+    Path(out_path).write_text(json.dumps(result))
+    destroy_parallel()
+
+
+def document_attention_check(checks: Checks, out: Path, use_te: bool) -> None:
+    from mlmclm.parallel.launch import spawn
+
+    name = f"per-document attention = each document alone ({'TE, THD' if use_te else 'local layers, mask'})"
+    path = out / f"doc_attention_{'te' if use_te else 'local'}.json"
+    try:
+        spawn(_document_attention_worker, 1, use_te, str(path))
+        result = json.loads(path.read_text())
+        # bf16 logits of an untrained model are O(1): rounding differences stay far below the cross-document effect.
+        ok = all(r["max_abs_diff_vs_alone"] <= 0.05 and r["max_abs_diff_without_mask"] > 4 * r["max_abs_diff_vs_alone"]
+                 for r in result.values())
+        checks.record(name, ok, **result)
+    except Exception as err:
+        checks.record(name, False, error=f"{type(err).__name__}: {err}")
+
+
 def te_checks(checks: Checks, out: Path, data: Path, cpu: bool) -> None:
     from mlmclm.model.precision import transformer_engine_available
     from mlmclm.train import checkpoint as ckpt
@@ -190,6 +255,7 @@ def te_checks(checks: Checks, out: Path, data: Path, cpu: bool) -> None:
     if not available:
         checks.record("transformer engine", True, skipped=f"not importable here: {why}")
         return
+    document_attention_check(checks, out, use_te=True)
     te_run = out / "te"
     if not run_to_end(checks, "TE layers, bf16, 12 steps", config(te_run, data, total=12, switch=4, use_te=True),
                       out, cpu):
@@ -242,6 +308,7 @@ def main(argv=None) -> int:
                     compare_losses(checks, "stopped twice vs uninterrupted: every step's loss", run_dir, reference)
             if export(checks, "convert_to_hf --verify", reference, args.out / "hf"):
                 load_export_on_device(checks, args.out / "hf")
+        document_attention_check(checks, args.out, use_te=False)
         if not args.skip_te:
             te_checks(checks, args.out, data, args.cpu)
     finally:
