@@ -13,12 +13,26 @@ class PrecisionConfig:
 
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     fp8: Literal[None, "hybrid", "e4m3"] = None  # FP8 GEMMs through TE (needs the TE layer spec)
-    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
+    # Per-tensor current scaling ("tensorwise"), Megatron-Bridge's `bf16_with_fp8_current_scaling_mixed`: each
+    # GEMM input is scaled from its own amax, no history to go stale. (megatron's own default is "delayed"; the one
+    # thing delayed scaling adds on Hopper is FP8 attention, which TE trains there only at head_dim 128 — none of
+    # the paper's sizes, whose heads are 64 wide.) Changing the recipe of a run is refused on resume.
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "tensorwise"
     fp8_attention: Literal["auto", "on", "off"] = "auto"  # FP8 dot-product attention where TE supports it
-    # Delayed scaling: scale from the max amax over the last 1024 steps, as NVIDIA's NeMo 2 / Megatron-Bridge
-    # recipes ship it (megatron's own default, history 1 / most_recent, follows single-step outliers).
+    # Delayed scaling only: scale from the max amax over the last 1024 steps, as NVIDIA's NeMo 2 / Megatron-Bridge
+    # delayed-scaling recipes ship it (megatron's own default, history 1 / most_recent, follows single-step outliers).
     fp8_amax_history_len: int = 1024
     fp8_amax_compute_algo: Literal["max", "most_recent"] = "max"
+    # Keep the first / last N transformer layers in bf16 (megatron `first_last_layers_bf16`), the usual guard for
+    # the layers most sensitive to FP8 error. Off by default; megatron refuses it with delayed scaling.
+    fp8_first_last_layers_bf16: bool = False
+    fp8_layers_at_start_in_bf16: int = 1
+    fp8_layers_at_end_in_bf16: int = 1
+    # Delayed scaling: reduce amaxes over the tensor-parallel group only, not TP×DP (megatron `tp_only_amax_red`),
+    # one all-reduce less per forward. DP replicas then scale with their own amaxes: their forwards differ in
+    # rounding, their weights stay identical (gradients are still averaged). Off by default (bit-reproducible
+    # across data-parallel sizes); has no effect with current scaling, whose amaxes are per tensor and per step.
+    fp8_tp_only_amax_reduction: bool = False
 
     def __post_init__(self):
         if self.dtype not in ("auto", "bf16", "fp32"):
@@ -34,11 +48,21 @@ class PrecisionConfig:
         if self.fp8_amax_compute_algo not in ("max", "most_recent"):
             raise ValueError("precision.fp8_amax_compute_algo must be max or most_recent, "
                              f"got {self.fp8_amax_compute_algo!r}")
+        if self.fp8 and self.fp8_first_last_layers_bf16 and self.fp8_recipe == "delayed":
+            raise ValueError("precision.fp8_first_last_layers_bf16 needs a current-scaling recipe (tensorwise, "
+                             "blockwise, mxfp8): megatron does not support bf16 first/last layers with delayed scaling")
+        for name in ("fp8_layers_at_start_in_bf16", "fp8_layers_at_end_in_bf16"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"precision.{name} must be >= 0, got {getattr(self, name)!r}")
 
     def fp8_scaling_kwargs(self) -> dict:
         """megatron `TransformerConfig` fields for FP8 scaling (the amax history matters to delayed scaling)."""
         return {"fp8_amax_history_len": int(self.fp8_amax_history_len),
-                "fp8_amax_compute_algo": self.fp8_amax_compute_algo}
+                "fp8_amax_compute_algo": self.fp8_amax_compute_algo,
+                "first_last_layers_bf16": bool(self.fp8 and self.fp8_first_last_layers_bf16),
+                "num_layers_at_start_in_bf16": int(self.fp8_layers_at_start_in_bf16),
+                "num_layers_at_end_in_bf16": int(self.fp8_layers_at_end_in_bf16),
+                "tp_only_amax_red": bool(self.fp8_tp_only_amax_reduction)}
 
     def resolved_dtype(self, on_gpu: bool) -> str:
         if self.dtype == "auto":

@@ -73,7 +73,9 @@ def test_delayed_scaling_defaults_follow_nvidia_recipes_and_reach_megatron():
     from mlmclm.parallel import ParallelConfig
 
     precision = PrecisionConfig()
-    assert precision.fp8_scaling_kwargs() == {"fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+    assert precision.fp8_scaling_kwargs() == {"fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max",
+                                              "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1,
+                                              "num_layers_at_end_in_bf16": 1, "tp_only_amax_red": False}
     shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
                         vocab_size=256, max_position_embeddings=64)
     config = transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8_amax_history_len=16))
@@ -82,3 +84,24 @@ def test_delayed_scaling_defaults_follow_nvidia_recipes_and_reach_megatron():
         PrecisionConfig(fp8_amax_history_len=0)
     with pytest.raises(ValueError, match="fp8_amax_compute_algo"):
         PrecisionConfig(fp8_amax_compute_algo="mean")
+
+
+def test_fp8_recipe_defaults_to_current_scaling_and_bf16_edges_need_it():
+    from mlmclm.model import ModelConfig
+    from mlmclm.model.build import transformer_config
+    from mlmclm.parallel import ParallelConfig
+
+    assert PrecisionConfig().fp8_recipe == "tensorwise"
+    edges = PrecisionConfig(fp8="hybrid", fp8_first_last_layers_bf16=True, fp8_layers_at_end_in_bf16=2)
+    kwargs = edges.fp8_scaling_kwargs()
+    assert kwargs["first_last_layers_bf16"] is True and kwargs["num_layers_at_end_in_bf16"] == 2
+    # Without FP8 the flag would mean nothing: megatron never sees it on.
+    assert PrecisionConfig(fp8_first_last_layers_bf16=True).fp8_scaling_kwargs()["first_last_layers_bf16"] is False
+    with pytest.raises(ValueError, match="fp8_first_last_layers_bf16 needs a current-scaling recipe"):
+        PrecisionConfig(fp8="hybrid", fp8_recipe="delayed", fp8_first_last_layers_bf16=True)
+    with pytest.raises(ValueError, match="fp8_layers_at_start_in_bf16"):
+        PrecisionConfig(fp8_layers_at_start_in_bf16=-1)
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+    config = transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8_tp_only_amax_reduction=True))
+    assert config.tp_only_amax_red is True
