@@ -1,6 +1,8 @@
 """megatron DDP, the (distributed) AdamW optimizer and the learning-rate schedule."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +30,12 @@ class OptimizerConfig:
     # Reduce each gradient bucket while backward still runs (megatron DDP `overlap_grad_reduce`); on in NVIDIA's
     # Megatron-Bridge Llama recipes (`llama32_1b`: overlap_grad_reduce=True). Same values, only earlier.
     overlap_grad_reduce: bool = True
+    # With the distributed optimizer: all-gather the updated parameters bucket by bucket during the next forward
+    # (megatron DDP `overlap_param_gather`) instead of all at once after the update; on in Megatron-Bridge's
+    # Llama recipes (`llama32_1b`: overlap_param_gather=True). Between a step and the next forward the model's
+    # parameters are then stale, so every save first forces the gather (`params_in_sync`). Ignored without the
+    # distributed optimizer.
+    overlap_param_gather: bool = True
 
     def __post_init__(self):
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -67,13 +75,16 @@ class ScheduleConfig:
                              f"{total_steps} steps")
 
 
-def wrap_ddp(chunks, distributed_optimizer: bool, overlap_grad_reduce: bool = False) -> list[DistributedDataParallel]:
+def wrap_ddp(chunks, distributed_optimizer: bool, overlap_grad_reduce: bool = False,
+             overlap_param_gather: bool = False) -> list[DistributedDataParallel]:
     """megatron DDP around each chunk. `overlap_grad_reduce` starts each bucket's reduction (reduce-scatter with
     the distributed optimizer) as soon as its gradients are complete in the last micro-batch's backward, instead
-    of all at once after it; `configure_model_for_schedules` then hands the schedules the sync hooks."""
+    of all at once after it; `configure_model_for_schedules` then hands the schedules the sync hooks.
+    `overlap_param_gather` (distributed optimizer only) defers the parameter all-gather to the next forward."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather and distributed_optimizer,
         use_distributed_optimizer=distributed_optimizer,
         average_in_collective=False,  # gradients are summed, then divided by the global token count
     )
@@ -82,6 +93,23 @@ def wrap_ddp(chunks, distributed_optimizer: bool, overlap_grad_reduce: bool = Fa
         wrapped.append(DistributedDataParallel(config=chunk.config, ddp_config=ddp_config, module=chunk,
                                                disable_bucketing=index > 0))
     return wrapped
+
+
+@contextmanager
+def params_in_sync(ddp_chunks):
+    """Inside: every rank's model parameters are the updated ones (what a checkpoint must hold).
+
+    With `overlap_param_gather` the all-gather of the last update waits for the next forward; as megatron's own
+    training loop does around saves, the forward pre-hooks are removed, which forces the gather now, and put back
+    afterwards (the next step's gather then starts as usual)."""
+    overlapped = [chunk for chunk in ddp_chunks if chunk.ddp_config.overlap_param_gather]
+    for chunk in overlapped:
+        chunk.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        for chunk in overlapped:
+            chunk.enable_forward_pre_hook()
 
 
 def build_optimizer(ddp_chunks, cfg: OptimizerConfig):

@@ -19,7 +19,7 @@ from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.logger import MetricsLogger
-from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
+from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, start_checkpoint_writer_helper, stop_signals_blocked
@@ -152,7 +152,8 @@ class _Run:
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te, fused_kernels=cfg.fused_kernels)
-        self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce)
+        self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce,
+                            cfg.optimizer.overlap_param_gather)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
         configure_model_for_schedules(self.ddp, self.optimizer)
@@ -194,7 +195,9 @@ class _Run:
 
     def _save(self, phase_index: int, keep: bool) -> None:
         run_config = self.cfg.to_dict()
-        with stop_signals_blocked():  # a preemption signal arriving now is handled after the save (signals.py)
+        # A preemption signal arriving now is handled after the save (signals.py); the parameters of the last
+        # update are gathered first when their all-gather is overlapped with the next forward.
+        with stop_signals_blocked(), params_in_sync(self.ddp):
             path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.iteration, self.ddp, self.optimizer,
                                         self.scheduler, self._train_state(phase_index), run_config,
                                         keep_last=self.cfg.checkpoint.keep_last, keep=keep)

@@ -1,10 +1,10 @@
 """What a resume may change: a run continues exactly only if everything that shapes its numbers is unchanged.
 
 Free to change on resume (they do not change what is computed, or change it only by float reassociation):
-the parallel layout (TP/PP/VPP/CP/DP, sequence parallel, distributed optimizer, overlapped gradient reduction), the
-micro-batch size, logging, checkpointing (interval, pruning), the run and data locations, the TE/local layer choice,
-the non-finite guard, the garbage-collection interval, the sparse MLM head and the fused kernels (same
-mathematics, other rounding).
+the parallel layout (TP/PP/VPP/CP/DP, sequence parallel, distributed optimizer, overlapped gradient reduction and
+parameter gather), the micro-batch size, logging, checkpointing (interval, pruning), the run and data locations, the
+TE/local layer choice, the non-finite guard, the garbage-collection interval, the sparse MLM head and the fused
+kernels (same mathematics, other rounding).
 Everything else — seeds, batch and run length, phases and objectives, schedule, optimizer, model, precision —
 is refused naming the field, unless listed in `checkpoint.allow_resume_changes` (dotted prefixes, e.g.
 `[total_steps, phases, schedule]` to extend a run), which makes the change deliberate and logs it.
@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 FREE_ON_RESUME = ("run_dir", "data.path", "data.tokenizer", "data.skip_corrupt", "parallel", "micro_batch_size",
                   "checkpoint", "logging", "use_te", "max_consecutive_nonfinite", "manual_gc_interval",
-                  "sparse_mlm_head", "fused_kernels", "optimizer.distributed_optimizer", "optimizer.overlap_grad_reduce", "model.name")
+                  "sparse_mlm_head", "fused_kernels", "optimizer.distributed_optimizer",
+                  "optimizer.overlap_grad_reduce", "optimizer.overlap_param_gather", "model.name")
 
 _SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "norm_eps")

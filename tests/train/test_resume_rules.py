@@ -68,6 +68,7 @@ def test_layout_logging_and_checkpointing_may_change(tmp_path):
     changed["run_dir"], changed["data"]["path"] = str(tmp_path / "elsewhere"), str(tmp_path / "moved")
     changed["optimizer"]["distributed_optimizer"] = False
     changed["optimizer"]["overlap_grad_reduce"] = not changed["optimizer"]["overlap_grad_reduce"]
+    changed["optimizer"]["overlap_param_gather"] = not changed["optimizer"]["overlap_param_gather"]
     changed["manual_gc_interval"] = 0
     changed["sparse_mlm_head"], changed["fused_kernels"] = False, False
     _check(saved, changed)
