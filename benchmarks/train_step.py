@@ -108,7 +108,7 @@ def ours_stepper(cfg: BenchConfig, sparse_head: bool = True):
     chunks = build_model(shape, ParallelConfig(), causal=False)
     load_full_weights(chunks, weights.__getitem__)
     opt_cfg = OptimizerConfig()
-    ddp = wrap_ddp(chunks, opt_cfg.distributed_optimizer, opt_cfg.overlap_grad_reduce)
+    ddp = wrap_ddp(chunks, opt_cfg.distributed_optimizer, opt_cfg.overlap_grad_reduce, opt_cfg.overlap_param_gather)
     optimizer = build_optimizer(ddp, opt_cfg)
     scheduler = build_scheduler(optimizer, opt_cfg, ScheduleConfig(style="constant"), total_steps=10**6)
     configure_model_for_schedules(ddp, optimizer)
