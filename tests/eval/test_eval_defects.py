@@ -19,7 +19,7 @@ from mlmclm.eval.protocol import RunRecord, run_grid
 from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
 from mlmclm.eval.summary import task_results, write_summary
 from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task
-from mlmclm.eval.token_classification import IGNORE, encode_words
+from mlmclm.eval.token_classification import IGNORE, encode_words, word_predictions
 
 NAMES = ["Alice", "Bernard", "Cordelia", "Duncan", "Edmund", "Fabian", "Gertrude", "Horatio", "Iago", "Juliet"]
 FILLER = "the a cat dog sat ran good bad film was very lives in where does live who is red blue green and of".split()
@@ -74,6 +74,17 @@ def test_words_are_tokenized_as_in_running_text(bpe_model_dir):
                 for i, label in zip(feature["input_ids"], feature["labels"]) if label != IGNORE]
     assert [label for _, label in labelled] == [0, 0, 0, 1, 0, 0, 1]  # one label per word, on its first token
     assert labelled[3][0] == "ĠDuncan"
+
+
+def test_a_word_without_tokens_does_not_shift_the_words_after_it(bpe_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(bpe_model_dir)
+    row = {"tokens": ["Alice", "", "sat", "Iago"], "tags": ["B-PER", "O", "O", "B-PER"]}
+    (feature,) = encode_words(tokenizer, [row], None, max_length=64)
+    assert sorted(feature["_first_tokens"]) == [0, 2, 3]  # the empty word has no token
+    predicted = [0] * len(feature["input_ids"])
+    for word, position in feature["_first_tokens"].items():
+        predicted[position] = 1 if row["tags"][word] == "B-PER" else 0
+    assert word_predictions(feature, predicted, ["O", "B-PER"]) == row["tags"]
 
 
 def test_cli_smoke_runs_take_the_smoke_budget():

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from mlmclm.eval.protocol import ProtocolConfig, run_fingerprint, run_grid, run_path
 from mlmclm.eval.qa import MAX_ANSWER_TOKENS, _best_answers
 from mlmclm.eval.tasks import TaskSpec
-from mlmclm.eval.token_classification import IGNORE, _encode, _word_predictions
+from mlmclm.eval.token_classification import IGNORE, encode_words, word_predictions
 from mlmclm.eval.training import FinetuneConfig
 
 # --- resume fingerprint ------------------------------------------------------------------------------------------
@@ -124,23 +124,23 @@ TAG_IDS = {t: i for i, t in enumerate(LABELS)}
 
 def test_only_the_first_sub_token_of_each_word_is_labelled(subword_tokenizer):
     rows = [{"tokens": ["alice", "lives", "in", "newyork"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
-    (feature,) = _encode(subword_tokenizer, rows, TAG_IDS, max_length=32)
+    (feature,) = encode_words(subword_tokenizer, rows, TAG_IDS, max_length=32)
     pieces = subword_tokenizer.convert_ids_to_tokens(feature["input_ids"])
     assert pieces == ["[CLS]", "ali", "##ce", "lives", "in", "new", "##york", "[SEP]"]
-    assert feature["_word_ids"] == [None, 0, 0, 1, 2, 3, 3, None]
+    assert feature["_first_tokens"] == {0: 1, 1: 3, 2: 4, 3: 5}
     assert feature["labels"] == [IGNORE, TAG_IDS["B-PER"], IGNORE, 0, 0, TAG_IDS["B-LOC"], IGNORE, IGNORE]
 
 
 def test_predictions_map_back_one_per_word_from_the_first_sub_token(subword_tokenizer):
     rows = [{"tokens": ["alice", "lives", "in", "newyork"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
-    (feature,) = _encode(subword_tokenizer, rows, TAG_IDS, max_length=32)
+    (feature,) = encode_words(subword_tokenizer, rows, None, max_length=32)
     # the second sub-tokens predict something else: ignored
     predicted = [0, TAG_IDS["B-PER"], TAG_IDS["I-PER"], 0, 0, TAG_IDS["B-LOC"], TAG_IDS["B-PER"], 0]
-    assert _word_predictions(feature["_word_ids"], predicted, LABELS) == ["B-PER", "O", "O", "B-LOC"]
+    assert word_predictions(feature, predicted, LABELS) == ["B-PER", "O", "O", "B-LOC"]
 
 
-def test_truncation_drops_trailing_words_from_the_predictions(subword_tokenizer):
+def test_truncated_words_are_predicted_outside(subword_tokenizer):
     rows = [{"tokens": ["bob", "lives", "in", "newyork"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
-    (feature,) = _encode(subword_tokenizer, rows, TAG_IDS, max_length=4)  # [CLS] bob lives [SEP]
-    assert feature["_word_ids"] == [None, 0, 1, None]
-    assert _word_predictions(feature["_word_ids"], [0, 2, 0, 0], LABELS) == ["B-PER", "O"]
+    (feature,) = encode_words(subword_tokenizer, rows, TAG_IDS, max_length=4)  # [CLS] bob lives [SEP]
+    assert feature["_first_tokens"] == {0: 1, 1: 2}
+    assert word_predictions(feature, [0, 2, 0, 0], LABELS) == ["B-PER", "O", "O", "O"]
