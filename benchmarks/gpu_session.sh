@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# All GPU checks in one go on a bare, offline GPU machine (one H100/H200), within ~9 minutes:
+#   1. install carried wheels (megatron-core and what the image lacks; Transformer Engine if carried) in ONE pip call
+#      (with --target, a second call would replace transformer_engine/ and drop the other wheel's half of it);
+#   2. a Transformer Engine smoke test (bf16 and FP8 Linear forward/backward), when TE was carried;
+#   3. benchmarks/gpu_train_check.py: torchrun/NCCL preemption and exact resume, export, per-document attention,
+#      TE keys and FP8 runs;
+#   4. benchmarks/gpu_check.py: tokens/s, MFU and memory, bf16 vs fp32 losses, features on vs off.
+#
+#   bash benchmarks/gpu_session.sh OUT_DIR [WHEEL_DIR ...]      # e.g. OUT_DIR=$OUT, wheels in .whl .whl/te .tecore
+#
+# With no WHEEL_DIR the Python in use must already have mlmclm's dependencies (e.g. the NGC image of cluster/).
+# Reports land in OUT_DIR: gpu_train_check.json/.log, gpu_check.json/.log, session.log.
+set -u
+OUT=${1:?usage: gpu_session.sh OUT_DIR [WHEEL_DIR ...]}
+shift
+mkdir -p "$OUT"
+exec > >(tee "$OUT/session.log") 2>&1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+SITE=/tmp/mlmclm_site
+start=$(date +%s)
+elapsed() { echo "[$(( $(date +%s) - start )) s] $*"; }
+
+if [ $# -gt 0 ]; then
+  wheels=()
+  for dir in "$@"; do for w in "$dir"/*.whl; do [ -f "$w" ] && wheels+=("$w"); done; done
+  elapsed "installing ${#wheels[@]} wheels into $SITE"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}" \
+    || { echo "wheel installation failed"; exit 3; }
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+"$PY" - <<'EOF'
+import importlib.metadata as md
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+      "device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+for name in ("megatron-core", "transformer_engine", "transformer_engine_torch", "transformers", "webdataset"):
+    try:
+        print(name, md.version(name))
+    except md.PackageNotFoundError:
+        print(name, "absent")
+EOF
+
+if "$PY" -c "import transformer_engine" 2>/dev/null; then
+  elapsed "Transformer Engine smoke test"
+  timeout 120 "$PY" - <<'EOF'
+import torch
+import transformer_engine.pytorch as te
+layer = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda()
+x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+layer(x).float().pow(2).mean().backward()
+with te.fp8_autocast(enabled=True):
+    y = layer(x)
+y.float().sum().backward()
+print("TE bf16 and FP8 Linear forward/backward ok", tuple(y.shape))
+EOF
+fi
+
+elapsed "gpu_train_check"
+timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check \
+  > "$OUT/gpu_train_check.log" 2>&1
+echo "gpu_train_check exit $?"
+grep -E '^\[(PASS|FAIL)\]|checks passed' "$OUT/gpu_train_check.log"
+cp /tmp/gpu_train_check/report.json "$OUT/gpu_train_check.json" 2>/dev/null
+
+elapsed "gpu_check"
+timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
+  --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 > "$OUT/gpu_check.log" 2>&1
+echo "gpu_check exit $?"
+tail -40 "$OUT/gpu_check.log"
+elapsed "done"
