@@ -33,6 +33,13 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
+# Transformer Engine loads cuDNN itself (CUDNN_PATH, else the system's) before torch does; a system cuDNN older
+# than the one torch was built with then fails torch's version check. Point TE at torch's own (pip) cuDNN.
+if [ -z "${CUDNN_PATH:-}" ]; then
+  CUDNN_PATH=$("$PY" -c "import nvidia.cudnn as c; print(list(c.__path__)[0])" 2>/dev/null) && export CUDNN_PATH \
+    && echo "CUDNN_PATH=$CUDNN_PATH"
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 "$PY" - <<'EOF'
 import importlib.metadata as md
@@ -46,7 +53,7 @@ for name in ("megatron-core", "transformer_engine", "transformer_engine_torch", 
         print(name, "absent")
 EOF
 
-if "$PY" -c "import transformer_engine" 2>/dev/null; then
+if [ -z "${SKIP_TE_SMOKE:-}" ] && "$PY" -c "import transformer_engine" 2>/dev/null; then
   elapsed "Transformer Engine smoke test"
   timeout 120 "$PY" - <<'EOF'
 import torch
@@ -61,8 +68,23 @@ print("TE bf16 and FP8 Linear forward/backward ok", tuple(y.shape))
 EOF
 fi
 
+if [ -n "${GPU_CHECK_FIRST:-}" ]; then
+elapsed "gpu_check"
+timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
+  --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 ${GPU_CHECK_ARGS:-} \
+  > "$OUT/gpu_check.log" 2>&1
+echo "gpu_check exit $?"
+tail -40 "$OUT/gpu_check.log"
 elapsed "gpu_train_check"
-timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check \
+timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check ${TRAIN_CHECK_ARGS:-} \
+  > "$OUT/gpu_train_check.log" 2>&1
+echo "gpu_train_check exit $?"
+grep -E '^\[(PASS|FAIL)\]|checks passed' "$OUT/gpu_train_check.log"
+cp /tmp/gpu_train_check/report.json "$OUT/gpu_train_check.json" 2>/dev/null
+
+else
+elapsed "gpu_train_check"
+timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check ${TRAIN_CHECK_ARGS:-} \
   > "$OUT/gpu_train_check.log" 2>&1
 echo "gpu_train_check exit $?"
 grep -E '^\[(PASS|FAIL)\]|checks passed' "$OUT/gpu_train_check.log"
@@ -70,7 +92,9 @@ cp /tmp/gpu_train_check/report.json "$OUT/gpu_train_check.json" 2>/dev/null
 
 elapsed "gpu_check"
 timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
-  --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 > "$OUT/gpu_check.log" 2>&1
+  --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 ${GPU_CHECK_ARGS:-} \
+  > "$OUT/gpu_check.log" 2>&1
 echo "gpu_check exit $?"
 tail -40 "$OUT/gpu_check.log"
+fi
 elapsed "done"

@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,9 +75,10 @@ class Checks:
 
 
 def launch(cfg: dict, out: Path, name: str, wrapper: bool = True, cpu: bool = False) -> tuple[subprocess.Popen, Path]:
-    path = out / f"{name}.json"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+    path = out / f"{slug}.json"
     path.write_text(json.dumps(cfg))
-    log = out / f"{name}.log"
+    log = out / f"{slug}.log"
     agent = [sys.executable, "-m", "mlmclm.parallel.torchrun"] if wrapper else \
         [sys.executable, "-m", "torch.distributed.run"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PET_SIGNALS_TO_HANDLE": SLURM_SIGNALS,
@@ -247,7 +249,8 @@ def document_attention_check(checks: Checks, out: Path, use_te: bool) -> None:
         checks.record(name, False, error=f"{type(err).__name__}: {err}")
 
 
-def te_checks(checks: Checks, out: Path, data: Path, cpu: bool) -> None:
+def te_checks(checks: Checks, out: Path, data: Path, reference: Path, cpu: bool, quick: bool) -> None:
+    """With TE importable the runs above already used TE layers (`use_te` defaults to TE when available)."""
     from mlmclm.model.precision import transformer_engine_available
     from mlmclm.train import checkpoint as ckpt
 
@@ -256,19 +259,16 @@ def te_checks(checks: Checks, out: Path, data: Path, cpu: bool) -> None:
         checks.record("transformer engine", True, skipped=f"not importable here: {why}")
         return
     document_attention_check(checks, out, use_te=True)
-    te_run = out / "te"
-    if not run_to_end(checks, "TE layers, bf16, 12 steps", config(te_run, data, total=12, switch=4, use_te=True),
-                      out, cpu):
-        return
-    latest = ckpt.latest_checkpoint(te_run / "checkpoints")
-    keys = te_extra_state_keys(latest)
-    checks.record("TE checkpoint _extra_state keys", True, count=len(keys), sample=keys[:6])
-    # The TE checkpoint continued on local layers (use_te may change on resume): strict key matching on real TE.
-    longer = config(te_run, data, total=16, switch=4, use_te=False,
-                    checkpoint={"save_interval": 4, "allow_resume_changes": ["total_steps", "phases", "schedule"]})
-    run_to_end(checks, "TE checkpoint resumed on local layers (+4 steps)", longer, out, cpu)
-    export(checks, "TE-trained checkpoint -> HF --verify", te_run, out / "te_hf")
-    for recipe in ("delayed", "tensorwise"):
+    latest = ckpt.latest_checkpoint(reference / "checkpoints")
+    if latest is not None:
+        keys = te_extra_state_keys(latest)
+        checks.record("TE checkpoint _extra_state keys", True, count=len(keys), sample=keys[:6])
+        # The TE checkpoint continued on local layers (use_te may change on resume): strict keys on real TE.
+        longer = config(reference, data, total=TOTAL + 4, use_te=False,
+                        checkpoint={"save_interval": 4,
+                                    "allow_resume_changes": ["total_steps", "phases", "schedule"]})
+        run_to_end(checks, "TE checkpoint resumed on local layers (+4 steps)", longer, out, cpu)
+    for recipe in (("tensorwise",) if quick else ("tensorwise", "delayed")):
         fp8 = config(out / f"fp8_{recipe}", data, total=8, switch=3, use_te=True,
                      precision={"dtype": "bf16", "fp8": "hybrid", "fp8_recipe": recipe})
         run_to_end(checks, f"FP8 {recipe} (8 steps)", fp8, out, cpu)
@@ -279,6 +279,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="an empty or new directory for runs and report")
     parser.add_argument("--cpu", action="store_true", help="run on CPU (gloo) to try the script without a GPU")
     parser.add_argument("--skip-te", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="one stop (SIGTERM) instead of two, one FP8 recipe (tensorwise): ~2 min less")
     args = parser.parse_args(argv)
     import torch
 
@@ -301,16 +303,18 @@ def main(argv=None) -> int:
             cfg = config(run_dir, data)
             first = interrupt(checks, "SIGTERM to mlmclm.parallel.torchrun", cfg, args.out, 6, signal.SIGTERM,
                               True, args.cpu)
-            if first is not None:
+            second = first
+            if first is not None and not args.quick:
                 second = interrupt(checks, "SIGUSR1 to plain torchrun (Slurm signals)", cfg, args.out, first + 5,
                                    signal.SIGUSR1, False, args.cpu)
-                if second is not None and run_to_end(checks, "resumed to the end", cfg, args.out, args.cpu):
-                    compare_losses(checks, "stopped twice vs uninterrupted: every step's loss", run_dir, reference)
+            if second is not None:
+                if run_to_end(checks, "resumed to the end", cfg, args.out, args.cpu):
+                    compare_losses(checks, "stopped and resumed vs uninterrupted: every step's loss", run_dir, reference)
             if export(checks, "convert_to_hf --verify", reference, args.out / "hf"):
                 load_export_on_device(checks, args.out / "hf")
         document_attention_check(checks, args.out, use_te=False)
         if not args.skip_te:
-            te_checks(checks, args.out, data, args.cpu)
+            te_checks(checks, args.out, data, reference, args.cpu, args.quick)
     finally:
         env = {"torch": torch.__version__, "cuda": torch.version.cuda,
                "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else "cpu"}

@@ -227,6 +227,12 @@ def _apply_model_state(ddp_chunks, state: dict) -> None:
                                      f"{_preview(unexpected)}")
 
 
+def keeps_step_per_parameter(torch_optimizer) -> bool:
+    """Whether the Adam step count lives in each parameter's state: torch's Adam/AdamW (our CPU path) yes; TE's and
+    apex's FusedAdam (GPU) keep it in the parameter groups, and TE's `state_dict` fails on a per-parameter `step`."""
+    return type(torch_optimizer).__module__.startswith("torch.optim")
+
+
 def _keep_step_when_loading(inner) -> None:
     """megatron 0.19's distributed optimizer, with torch's Adam (no TE/apex: our CPU path), restores the Adam step
     count globally but then expects it among each parameter's saved tensors too, and fails. Hand it the value it
@@ -252,11 +258,12 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     # A fresh optimizer has no Adam state yet; create it (zeros) so there are tensors to load into.
     for inner in _inner_optimizers(optimizer):
         inner.init_state_fn(inner.optimizer, inner.config)
-        # megatron's init leaves out torch Adam's per-parameter `step` (TE/apex keep it elsewhere); the
-        # loaded state overwrites it.
-        for param_state in inner.optimizer.state.values():
-            param_state.setdefault("step", torch.tensor(0.0))
-        _keep_step_when_loading(inner)
+        if keeps_step_per_parameter(inner.optimizer):
+            # megatron's init leaves out torch Adam's per-parameter `step`; the loaded state overwrites it. (Not for
+            # TE's FusedAdam: an H100 run found its state_dict raising KeyError 'step' on every resume.)
+            for param_state in inner.optimizer.state.values():
+                param_state.setdefault("step", torch.tensor(0.0))
+            _keep_step_when_loading(inner)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=True, metadata=_SHARDING)
     state = _load_strict(sharded, path, model_only=False)
     _apply_model_state(ddp_chunks, state)
