@@ -190,6 +190,17 @@ def _version(*dists: str) -> str | None:
     return None
 
 
+def cudnn_version() -> int | str | None:
+    """torch's cuDNN, or why it cannot be read: on an H200 image TE had loaded a system cuDNN (9.14) before
+    torch's own (9.19), and torch's version check then raised in every later cuDNN call of the process."""
+    if not on_gpu():
+        return None
+    try:
+        return torch.backends.cudnn.version()
+    except RuntimeError as err:
+        return f"unusable: {err}"
+
+
 def environment() -> dict:
     use_te = resolve_use_te(None)
     te_ok, te_why = transformer_engine_available()
@@ -197,7 +208,7 @@ def environment() -> dict:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if on_gpu() else None,
+        "cudnn": cudnn_version(),
         "transformer_engine": _version("transformer_engine", "transformer-engine", "transformer_engine_torch"),
         "apex": _version("apex"),
         "megatron_core": _version("megatron-core", "megatron_core"),

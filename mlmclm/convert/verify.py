@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 import tempfile
 from pathlib import Path
 
@@ -58,9 +59,6 @@ def megatron_logits(checkpoint: Path, model_cfg: ModelConfig, tokens, causal: bo
 
 
 def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: str) -> None:
-    # Both models on the CPU in fp32, also on a GPU machine: there TE's GEMMs and attention differ from the CPU
-    # reference by ~2e-4 on the logits (seen on an H200), which says nothing about the mapping being checked.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
     from transformers import AutoModelForMaskedLM
 
@@ -82,10 +80,27 @@ def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: 
 
 def compare_logits(checkpoint: Path, hf_dir: Path, model_cfg: ModelConfig, dtype: str = "fp32") -> float:
     """Max |HF logits − our logits| on seeded random token ids (bidirectional attention)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, cpu_only():
         result = Path(tmp) / "result.json"
         spawn(_worker, 1, str(checkpoint), str(hf_dir), model_cfg.to_dict(), dtype, str(result))
         return json.loads(result.read_text())["max_abs_diff"]
+
+
+@contextmanager
+def cpu_only():
+    """The verification process sees no GPU (set before it starts: CUDA is probed when torch is imported there).
+
+    Both models then run on the CPU in fp32, also on a GPU machine: there TE's GEMMs and attention differ from the
+    CPU reference by ~2e-4 on the logits (seen on an H200), which says nothing about the mapping being checked."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def check_config(hf_dir: Path, model: ModelConfig, special_ids: dict, dtype: str) -> None:

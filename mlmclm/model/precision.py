@@ -77,12 +77,6 @@ def transformer_engine_available() -> tuple[bool, str]:
     if not on_gpu():
         return False, "no CUDA device"
     try:
-        # torch's own cuDNN first: TE loads cuDNN from CUDNN_PATH or the system before the pip one, and if that
-        # is older than torch's build, every later cuDNN call in torch fails its version check (seen on an H200
-        # with a system cuDNN 9.14 beside torch's 9.19). Once torch's is loaded, TE's lookup finds it.
-        import torch
-
-        torch.backends.cudnn.version()
         import transformer_engine.pytorch  # noqa: F401
     except Exception as err:  # ImportError, or a broken build raising at import
         return False, f"transformer_engine not importable ({type(err).__name__}: {err})"
