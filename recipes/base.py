@@ -19,13 +19,17 @@ from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
 from recipes.entry import pretrain_entry
 
 # --- the paper's setup --------------------------------------------------------------------------------------
-PAPER_SEQ_LENGTH = 1024  # tokens per packed FineWeb-Edu sequence (set when the data is prepared)
+# Released configs (MLMvsCLM/*/config.json) have max_position_embeddings 2048 and the authors' Optimus trainer
+# defaults to 2048-token sequences: the paper recipes train and export at 2048 (set when the data is prepared).
+PAPER_SEQ_LENGTH = 2048
+# Memory budget per GPU and forward, in tokens: SIZES' layouts were sized for 12 sequences of 1024 (6 of 2048).
+TOKENS_PER_GPU_FORWARD = 12 * 1024
 PAPER_GPUS, PAPER_SEQS_PER_GPU = 192, 12
-PAPER_GLOBAL_BATCH = PAPER_GPUS * PAPER_SEQS_PER_GPU  # 2304 sequences = 2 359 296 tokens per step
+PAPER_GLOBAL_BATCH = PAPER_GPUS * PAPER_SEQS_PER_GPU  # 2304 sequences = 4 718 592 tokens per step at 2048
 PAPER_TOTAL_STEPS = 42_000
 PAPER_WARMUP_STEPS = 2_000
 PAPER_DECAY_STEPS = 2_000  # WSD: linear decay over the last 2k steps
-PAPER_DATA_PATH = "/data/fineweb-edu-llama3-1024"  # container path; the Slurm executor mounts data at /data
+PAPER_DATA_PATH = "/data/fineweb-edu-llama3-2048"  # container path; the Slurm executor mounts data at /data
 PAPER_RUN_ROOT = "/checkpoints/mlmclm"  # container path; the Slurm executor mounts checkpoints at /checkpoints
 GPUS_PER_NODE = 8
 

@@ -13,16 +13,13 @@ from pathlib import PurePosixPath
 
 import nemo_run as run
 
-from recipes.base import (GPUS_PER_NODE, PAPER_DECAY_STEPS, PAPER_GLOBAL_BATCH, PAPER_GPUS, PAPER_RUN_ROOT,
-                          PAPER_SEQS_PER_GPU, PAPER_TOTAL_STEPS, PAPER_WARMUP_STEPS, Phase, paper_model,
-                          train_partial)
+from recipes.base import (GPUS_PER_NODE, PAPER_DATA_PATH, PAPER_DECAY_STEPS, PAPER_GLOBAL_BATCH, PAPER_GPUS,
+                          PAPER_RUN_ROOT, PAPER_SEQ_LENGTH, PAPER_TOTAL_STEPS, PAPER_WARMUP_STEPS,
+                          TOKENS_PER_GPU_FORWARD, Phase, paper_model, train_partial)
 
-# Released configs (MLMvsCLM/*/config.json) have max_position_embeddings 2048 and the authors' Optimus trainer
-# defaults to 2048-token sequences, so the paper recipes train and export at 2048.
-SEQ_LENGTH = 2048
-DATA_PATH = "/data/fineweb-edu-llama3-2048"  # container path; the Slurm executor mounts data at /data
-# base.SIZES budgets memory for 12 sequences of 1024 tokens per forward; at 2048 the same tokens are 6 sequences.
-MAX_MICRO_BATCH = PAPER_SEQS_PER_GPU * 1024 // SEQ_LENGTH
+SEQ_LENGTH = PAPER_SEQ_LENGTH  # 2048 (recipes/base.py says where it comes from)
+DATA_PATH = PAPER_DATA_PATH
+MAX_MICRO_BATCH = TOKENS_PER_GPU_FORWARD // SEQ_LENGTH  # 6 sequences of 2048 per forward
 
 MASK_RATIOS = (0.2, 0.3, 0.4, 0.5)
 BUDGETS = (12_000, 22_000, 42_000)
