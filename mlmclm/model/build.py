@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
-                       use_te: bool = False, fused_kernels: bool = True) -> TransformerConfig:
+                       use_te: bool = False, fused_kernels: bool = True,
+                       deterministic: bool = False) -> TransformerConfig:
     precision = precision or PrecisionConfig()
     on_gpu = runtime.on_gpu()
     dtype = precision.resolved_dtype(on_gpu)
@@ -68,6 +69,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         # Losses are token sums; megatron divides gradients by the global batch's token count (DP- and
         # micro-batch-invariant). DDP reads this when it is built, so it belongs here.
         calculate_per_token_loss=True,
+        deterministic_mode=deterministic,  # see mlmclm.train.determinism
     )
 
 
@@ -84,7 +86,8 @@ def resolve_use_te(requested: bool | None) -> bool:
 
 
 def build_model(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
-                causal: bool = False, use_te: bool | None = None, fused_kernels: bool = True) -> list[GPTModel]:
+                causal: bool = False, use_te: bool | None = None, fused_kernels: bool = True,
+                deterministic: bool = False) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), on the current device.
 
     `causal` picks the initial attention; `set_causal` switches it later without rebuilding anything.
@@ -92,7 +95,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     """
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
-    config = transformer_config(model, parallel, precision, use_te, fused_kernels)
+    config = transformer_config(model, parallel, precision, use_te, fused_kernels, deterministic)
     vpp = parallel.virtual_pipeline_parallel
     stages = range(vpp) if vpp else [None]
     chunks = []

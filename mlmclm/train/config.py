@@ -108,6 +108,9 @@ class TrainConfig:
     # Attention within each packed document only (mlmclm.model.document_attention). Off by default, as in the
     # paper: the authors' Optimus trainer packs documents into fixed-size blocks and attends across the block.
     per_document_attention: bool = False
+    # Bit-reproducible GPU runs (mlmclm.train.determinism: megatron deterministic_mode, deterministic cuBLAS/TE
+    # kernels, NCCL_ALGO=Ring). Off by default, as in Megatron-LM: it costs speed. CPU runs are reproducible anyway.
+    deterministic: bool = False
 
     def __post_init__(self):
         if not self.phases:

@@ -18,6 +18,7 @@ from mlmclm.objectives import build_objective
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
+from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
@@ -102,6 +103,8 @@ def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = 
 
 def pretrain(cfg: TrainConfig) -> RunResult:
     """Run (or resume) the whole training run described by `cfg` on the ranks torchrun started."""
+    if cfg.deterministic:  # before NCCL and the model exist: both read these switches when created
+        enable_determinism()
     state = init_parallel(cfg.parallel, seed=cfg.seed)
     lock, run = None, None
     try:
@@ -151,7 +154,8 @@ class _Run:
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
-                                  use_te=cfg.use_te, fused_kernels=cfg.fused_kernels)
+                                  use_te=cfg.use_te, fused_kernels=cfg.fused_kernels,
+                                  deterministic=cfg.deterministic)
         self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce,
                             cfg.optimizer.overlap_param_gather)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)

@@ -1,4 +1,6 @@
-"""`per_document_attention: true` reaches every training step with the loader's document boundaries."""
+"""`per_document_attention: true` reaches every training step with the loader's document boundaries; the same
+spawned run also checks that `deterministic: true` is in force during training (one spawn for both: each costs
+~10 s of start-up)."""
 import json
 
 import torch
@@ -22,6 +24,7 @@ def short_documents(tmp_path):
 
 def test_every_step_gets_the_loaders_document_layout(tmp_path):
     cfg = sc.config(tmp_path / "run", short_documents(tmp_path), tp=1, total_steps=3, per_document_attention=True,
+                    deterministic=True,
                     phases=[{"objective": {"kind": "clm"}, "steps": 1},
                             {"objective": {"kind": "mlm", "mask_ratio": 0.3}, "steps": 2}],
                     checkpoint={"save_interval": None}, schedule={"style": "constant"})
@@ -40,3 +43,7 @@ def test_every_step_gets_the_loaders_document_layout(tmp_path):
             boundaries += inner
     assert boundaries > 0  # the data really packs several documents into some rows
 
+    # deterministic: true — megatron's deterministic_mode, torch's deterministic algorithms, TE's switch
+    assert records["switches"] and all(sw == {"torch_deterministic": True, "megatron_deterministic_mode": True,
+                                              "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+                                       for sw in records["switches"])

@@ -258,16 +258,22 @@ def _extra_state_keys(metadata: dict) -> list[str]:
 
 
 def run_recording_documents(cfg_dict, record_path):
-    """A run that records, for every training step, the document layouts the step received and the loader's ids."""
+    """A run that records, for every training step, the document layouts the step received, the loader's ids and
+    the determinism switches in force."""
     from mlmclm.data import loader as loader_module
     from mlmclm.train import step as step_module
 
     seen, batches = [], []
     original_step, original_next = step_module.train_step, loader_module.PackedLoader.next_global_batch
 
-    def train_step(*args, documents=None, **kwargs):
+    switches = []
+
+    def train_step(ddp, *args, documents=None, **kwargs):
         seen.append(None if documents is None else [(d.document_ids.cpu(), d.cu_seqlens.cpu()) for d in documents])
-        return original_step(*args, documents=documents, **kwargs)
+        switches.append({"torch_deterministic": torch.are_deterministic_algorithms_enabled(),
+                         "megatron_deterministic_mode": ddp[0].module.config.deterministic_mode,
+                         "NVTE_ALLOW_NONDETERMINISTIC_ALGO": os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")})
+        return original_step(ddp, *args, documents=documents, **kwargs)
 
     def next_global_batch(self):
         micro = original_next(self)
@@ -278,4 +284,4 @@ def run_recording_documents(cfg_dict, record_path):
 
     pt.train_step, loader_module.PackedLoader.next_global_batch = train_step, next_global_batch
     _train(cfg_dict)
-    torch.save({"seen": seen, "loader": batches}, record_path)
+    torch.save({"seen": seen, "loader": batches, "switches": switches}, record_path)
