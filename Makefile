@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTHON312 := $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2]==(3,12)' 2>/dev/null && command -v python3.12 || \
 	(command -v pyenv >/dev/null 2>&1 && v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | sort -V | tail -n1) && [ -n "$$v" ] && echo "$$(pyenv root)/versions/$$v/bin/python3.12"))
 
-.PHONY: setup test demo gpu-check gpu-check-smoke bench clean
+.PHONY: setup test demo gpu-check gpu-train-check gpu-check-smoke bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: no Python 3.12 interpreter found (need python3.12 on PATH or a 3.12 version in pyenv: 'pyenv install 3.12')" >&2; exit 1; fi
@@ -40,6 +40,12 @@ gpu-check:
 		timeout 600 $(IMAGE_PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); \
 	else $(MAKE) --no-print-directory setup && \
 		timeout 600 $(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); fi
+
+# Correctness on one GPU (~4 min): torchrun/NCCL preemption and resume, HF export, per-document attention, TE/FP8.
+gpu-train-check:
+	@out=artifacts/gpu_train_check; if [ -e $$out ]; then out=$$out-$$(date +%Y%m%d-%H%M%S); fi; \
+	if [ -n "$(IMAGE_PY)" ]; then timeout 600 $(IMAGE_PY) benchmarks/gpu_train_check.py --out $$out; \
+	else $(MAKE) --no-print-directory setup && timeout 600 $(PY) benchmarks/gpu_train_check.py --out $$out; fi
 
 # The same script on CPU with a tiny shape (what CI runs).
 gpu-check-smoke: setup
