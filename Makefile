@@ -41,7 +41,7 @@ gpu-check:
 	else $(MAKE) --no-print-directory setup && \
 		timeout 600 $(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); fi
 
-# Correctness on one GPU (~4 min): torchrun/NCCL preemption and resume, HF export, per-document attention, TE/FP8.
+# Correctness on one GPU (~7 min): torchrun/NCCL preemption and resume, HF export, per-document attention, TE/FP8.
 gpu-train-check:
 	@out=artifacts/gpu_train_check; if [ -e $$out ]; then out=$$out-$$(date +%Y%m%d-%H%M%S); fi; \
 	if [ -n "$(IMAGE_PY)" ]; then timeout 600 $(IMAGE_PY) benchmarks/gpu_train_check.py --out $$out; \
