@@ -68,33 +68,24 @@ print("TE bf16 and FP8 Linear forward/backward ok", tuple(y.shape))
 EOF
 fi
 
-if [ -n "${GPU_CHECK_FIRST:-}" ]; then
-elapsed "gpu_check"
-timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
-  --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 ${GPU_CHECK_ARGS:-} \
-  > "$OUT/gpu_check.log" 2>&1
-echo "gpu_check exit $?"
-tail -40 "$OUT/gpu_check.log"
-elapsed "gpu_train_check"
-timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check ${TRAIN_CHECK_ARGS:-} \
-  > "$OUT/gpu_train_check.log" 2>&1
-echo "gpu_train_check exit $?"
-grep -E '^\[(PASS|FAIL)\]|checks passed' "$OUT/gpu_train_check.log"
-cp /tmp/gpu_train_check/report.json "$OUT/gpu_train_check.json" 2>/dev/null
+train_check() {
+  elapsed "gpu_train_check"
+  timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check \
+    ${TRAIN_CHECK_ARGS:-} > "$OUT/gpu_train_check.log" 2>&1
+  echo "gpu_train_check exit $?"
+  grep -E '^\[(PASS|FAIL)\]|checks passed' "$OUT/gpu_train_check.log"
+  cp /tmp/gpu_train_check/report.json "$OUT/gpu_train_check.json" 2>/dev/null
+}
 
-else
-elapsed "gpu_train_check"
-timeout "${TRAIN_CHECK_TIMEOUT:-250}" "$PY" benchmarks/gpu_train_check.py --out /tmp/gpu_train_check ${TRAIN_CHECK_ARGS:-} \
-  > "$OUT/gpu_train_check.log" 2>&1
-echo "gpu_train_check exit $?"
-grep -E '^\[(PASS|FAIL)\]|checks passed' "$OUT/gpu_train_check.log"
-cp /tmp/gpu_train_check/report.json "$OUT/gpu_train_check.json" 2>/dev/null
+speed_check() {
+  elapsed "gpu_check"
+  timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
+    --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 ${GPU_CHECK_ARGS:-} \
+    > "$OUT/gpu_check.log" 2>&1
+  echo "gpu_check exit $?"
+  tail -40 "$OUT/gpu_check.log"
+}
 
-elapsed "gpu_check"
-timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
-  --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 ${GPU_CHECK_ARGS:-} \
-  > "$OUT/gpu_check.log" 2>&1
-echo "gpu_check exit $?"
-tail -40 "$OUT/gpu_check.log"
-fi
+# GPU_CHECK_FIRST=1 measures speed before the correctness checks (when device time is short).
+if [ -n "${GPU_CHECK_FIRST:-}" ]; then speed_check; train_check; else train_check; speed_check; fi
 elapsed "done"
