@@ -228,7 +228,7 @@ class Trainer:
                  sparse_head: bool = True, fused_kernels: bool = True, manual_gc_interval: int = 100):
         self.model_cfg = preset(model_name)
         self.sparse_head = sparse_head
-        self.gc = ManualGC(manual_gc_interval)
+        self.manual_gc = ManualGC(manual_gc_interval)
         self.steps_done = 0
         torch.manual_seed(seed)
         self.chunks = build_model(self.model_cfg, ParallelConfig(), precision, causal=False,
@@ -256,17 +256,22 @@ class Trainer:
         return out
 
     def step(self, batch):
-        self.gc.start()  # as pretrain: the collector off between the interval's collections
+        # Each step under this trainer's own GC regime (as its pretrain would run): the feature table alternates
+        # trainers in one process and the collector is process-wide, so each sets it for its own steps.
+        if self.manual_gc.interval:
+            gc.disable()
+        else:
+            gc.enable()
         result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head)
         self.steps_done += 1
-        self.gc.step(self.steps_done)
+        self.manual_gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):
             raise RuntimeError(f"training step skipped or non-finite (loss {result.loss}, grad norm "
                                f"{result.grad_norm})")
         return result
 
     def close(self) -> None:
-        self.gc.stop()
+        gc.enable()
         del self.optimizer, self.scheduler, self.ddp, self.chunks
         free_memory()
 

@@ -55,17 +55,7 @@ EOF
 
 if [ -z "${SKIP_TE_SMOKE:-}" ] && "$PY" -c "import transformer_engine" 2>/dev/null; then
   elapsed "Transformer Engine smoke test"
-  timeout 120 "$PY" - <<'EOF'
-import torch
-import transformer_engine.pytorch as te
-layer = te.Linear(256, 256, params_dtype=torch.bfloat16).cuda()
-x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-layer(x).float().pow(2).mean().backward()
-with te.fp8_autocast(enabled=True):
-    y = layer(x)
-y.float().sum().backward()
-print("TE bf16 and FP8 Linear forward/backward ok", tuple(y.shape))
-EOF
+  timeout 120 "$PY" benchmarks/te_smoke.py
 fi
 
 train_check() {

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlmclm.model.config import ModelConfig

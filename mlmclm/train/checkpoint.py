@@ -260,7 +260,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
         inner.init_state_fn(inner.optimizer, inner.config)
         if keeps_step_per_parameter(inner.optimizer):
             # megatron's init leaves out torch Adam's per-parameter `step`; the loaded state overwrites it. (Not for
-            # TE's FusedAdam: an H100 run found its state_dict raising KeyError 'step' on every resume.)
+            # TE's FusedAdam: an H200 run found its state_dict raising KeyError 'step' on every resume.)
             for param_state in inner.optimizer.state.values():
                 param_state.setdefault("step", torch.tensor(0.0))
             _keep_step_when_loading(inner)
