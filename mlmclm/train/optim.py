@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-
 from dataclasses import dataclass
 from typing import Literal
 
