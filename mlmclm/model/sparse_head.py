@@ -19,8 +19,9 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 def flat_positions(loss_masks: list[torch.Tensor]) -> list[torch.Tensor]:
     """For each [b, s] loss mask, the indices of its labelled positions in the sequence-major [s * b] grid.
 
-    One host synchronisation for all micro-batches together (their counts decide the shapes): the masks are
-    copied to the host once, the indices found there and sent back without waiting."""
+    The counts decide the head's shapes, so they are found on the host: masks already there (the training loop
+    makes its batches on the host) cost no synchronisation; device masks are read back once for all micro-batches
+    together, and the indices sent back without waiting."""
     if not loss_masks:
         return []
     device = loss_masks[0].device

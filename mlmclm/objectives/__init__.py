@@ -9,7 +9,7 @@ The loss itself (vocab-parallel cross entropy, accuracy) lives in `mlmclm.object
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
@@ -41,6 +41,21 @@ class ObjectiveBatch:
     loss_mask: torch.Tensor      # FloatTensor [b, S], 1 where a label is predicted
     causal: bool                 # attention type the objective needs
     num_predicted: torch.Tensor  # 0-dim int64 on the batch's device: predicted tokens, for logging (no sync)
+
+    def to(self, device: torch.device) -> ObjectiveBatch:
+        """The batch on `device`. From the host to a GPU the tensors are pinned first, so that the copies are
+        queued without the host waiting for the device."""
+        return replace(self, input_ids=to_device(self.input_ids, device), labels=to_device(self.labels, device),
+                       loss_mask=to_device(self.loss_mask, device),
+                       num_predicted=to_device(self.num_predicted, device))
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`, copied without a host wait when it goes from the host to a GPU (pinned, non-blocking)."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 class Objective(Protocol):

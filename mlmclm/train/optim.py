@@ -11,7 +11,7 @@ from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from mlmclm.parallel.runtime import current_device
+from mlmclm.train.guarded_update import check_supported
 
 
 @dataclass
@@ -126,7 +126,9 @@ def build_optimizer(ddp_chunks, cfg: OptimizerConfig):
         params_dtype=model_config.params_dtype,
         use_distributed_optimizer=cfg.distributed_optimizer,
     )
-    return get_megatron_optimizer(megatron_cfg, ddp_chunks)
+    optimizer = get_megatron_optimizer(megatron_cfg, ddp_chunks)
+    check_supported(optimizer)  # train_step runs megatron's step in parts (mlmclm.train.guarded_update)
+    return optimizer
 
 
 def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int) -> OptimizerParamScheduler:
@@ -149,11 +151,3 @@ def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, tota
         lr_wsd_decay_style=sched.decay_shape if sched.style == "wsd" else None,
     )
 
-
-def grads_are_finite(ddp_chunks) -> torch.Tensor:
-    """A 0-dim bool: every local gradient buffer is finite (one fused check per contiguous buffer)."""
-    ok = torch.ones((), dtype=torch.bool, device=current_device())
-    for chunk in ddp_chunks:
-        for buffer in chunk.buffers:
-            ok &= torch.isfinite(buffer.grad_data).all()
-    return ok

@@ -14,7 +14,8 @@ from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
 from mlmclm.model.document_attention import DocumentLayout
-from mlmclm.objectives import build_objective
+from mlmclm.model.sparse_head import flat_positions
+from mlmclm.objectives import build_objective, to_device
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
@@ -234,14 +235,14 @@ class _Run:
                     flops_per_step = _flops_per_step(cfg, self.seq, phase.objective)
                     current = phase_index
                 micro = self.loader.next_global_batch()
-                batches = [objective.prepare(mb["tokens"].to(self.state.device), mb["sample_ids"].to(self.state.device))
-                           for mb in micro]
+                batches, predicted = self._prepare_on_host(objective, micro)
                 documents = None
                 if cfg.per_document_attention:  # boundaries found on the host: no device synchronisation
                     documents = [DocumentLayout.from_document_ids(mb["document_ids"]).to(self.state.device)
                                  for mb in micro]
                 result = train_step(self.ddp, self.optimizer, self.scheduler, batches,
-                                    sparse_head=cfg.sparse_mlm_head, documents=documents)
+                                    sparse_head=cfg.sparse_mlm_head, documents=documents,
+                                    predicted_positions=predicted, stop_flag=stop.agreed_flag)
                 self.iteration += 1
                 gc_control.step(self.iteration)
                 step_tokens = cfg.global_batch_size * self.seq
@@ -265,7 +266,7 @@ class _Run:
                 # (a continued-pretraining starting point) and a preemption save must not depend on the last loss.
                 phase_end = self.iteration == bounds[phase_index][1]
                 periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
-                if stop.agreed():
+                if result.stop_requested:
                     self._save(phase_index, keep=phase_end)
                     logger.text("run", f"stop requested (SIGTERM/SIGUSR1): saved at step {self.iteration}, exiting",
                                 self.iteration)
@@ -285,6 +286,21 @@ class _Run:
             write_status(cfg, status, self.iteration, self.checkpoints[-1] if self.checkpoints else "")
         return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,
                          str(cfg.tensorboard_dir))
+
+    def _prepare_on_host(self, objective, micro: list[dict]):
+        """The objective's batches and the sparse head's positions, made on the host and then copied over.
+
+        MLM masks are counter-based (the same on every device), so nothing changes but where they are made: the
+        positions, whose count decides the head's shapes, are then known without reading the device (a second
+        host synchronisation per step on a GPU)."""
+        batches = [objective.prepare(mb["tokens"], mb["sample_ids"]) for mb in micro]
+        predicted = None
+        if self.cfg.sparse_mlm_head and not objective.causal:
+            predicted = flat_positions([batch.loss_mask for batch in batches])
+        batches = [batch.to(self.state.device) for batch in batches]
+        if predicted is not None:
+            predicted = [to_device(positions, self.state.device) for positions in predicted]
+        return batches, predicted
 
     def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
         phase = self.cfg.phases[index]

@@ -37,10 +37,12 @@ class StopRequest:
     def _handle(self, signum, frame):
         self.requested = True
 
-    def agreed(self) -> bool:
+    def agreed_flag(self) -> torch.Tensor:
+        """[1] int32 on the device, nonzero when any rank was asked to stop: the reduction is launched here and
+        read by the caller with the step's other numbers (`train_step(stop_flag=...)`), not on its own."""
         flag = torch.tensor([int(self.requested)], dtype=torch.int32, device=current_device())  # NCCL: on the GPU
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
-        return bool(flag.item())
+        return flag
 
 
 @contextlib.contextmanager

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gc
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -18,7 +20,7 @@ from mlmclm.model.weights import unwrap
 from mlmclm.objectives import ObjectiveBatch
 from mlmclm.objectives.loss import AccuracyTap
 from mlmclm.parallel.runtime import current_device
-from mlmclm.train.optim import grads_are_finite
+from mlmclm.train.guarded_update import clip_and_update, prepare_main_grads, squared_grad_norm
 
 
 class ManualGC:
@@ -61,6 +63,7 @@ class StepResult:
     grad_norm: float | None
     lr: float
     skipped: bool  # non-finite loss or gradients: no update was made
+    stop_requested: bool = False  # the agreed stop flag handed to train_step (a preemption signal reached a rank)
 
 
 def _loss_func(loss_mask: torch.Tensor, correct: torch.Tensor, token_losses: torch.Tensor):
@@ -120,11 +123,14 @@ def document_attention_inputs(batch: ObjectiveBatch, layout: DocumentLayout, thd
 
 
 def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False,
-                     sparse_head: bool = True, documents: list[DocumentLayout] | None = None) -> torch.Tensor:
+                     sparse_head: bool = True, documents: list[DocumentLayout] | None = None,
+                     predicted_positions: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Run the schedule; return [loss_sum, predicted_tokens, correct] summed over the global batch, on every rank.
 
     `sparse_head`: for bidirectional (MLM) batches, run the output layer and CE at labelled positions only (same
     loss and gradients as the full head, fewer FLOPs). Causal (CLM) batches always use the full head.
+    `predicted_positions`: the sparse head's positions, `flat_positions` of the loss masks, found on the host
+    before the batch went to the device; None finds them here (one read of the masks from the device).
     `documents`: one layout per micro-batch for per-document attention; None attends across documents."""
     attention = [{} for _ in micro_batches]
     if documents is not None:
@@ -134,7 +140,7 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
     seq = micro_batches[0].input_ids.shape[1]
     mbs = micro_batches[0].input_ids.shape[0]
     if sparse_head and not micro_batches[0].causal:
-        predicted = flat_positions([mb.loss_mask for mb in micro_batches])
+        predicted = predicted_positions if predicted_positions is not None else flat_positions([mb.loss_mask for mb in micro_batches])
     else:
         predicted = [None] * len(micro_batches)
     items = list(zip(micro_batches, predicted, attention))
@@ -163,20 +169,31 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
 
 
 def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBatch],
-               sparse_head: bool = True, documents: list[DocumentLayout] | None = None) -> StepResult:
+               sparse_head: bool = True, documents: list[DocumentLayout] | None = None,
+               predicted_positions: list[torch.Tensor] | None = None,
+               stop_flag: Callable[[], torch.Tensor] | None = None) -> StepResult:
+    """One step, with one host read: the loss statistics, the squared gradient norm (the non-finite guard,
+    `guarded_update`) and the agreed stop flag (`stop_flag()`, launched just before the read) come back together;
+    the update is made only when the loss and the norm are finite."""
     for chunk in ddp_chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head, documents=documents)
-    finite = torch.isfinite(stats).all() & grads_are_finite(ddp_chunks)
-    finite = finite.to(torch.int32)
-    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-    # One host synchronisation for the logged stats and the guard's verdict together.
-    loss_sum, count, correct, finite = torch.cat([stats, finite.to(stats.dtype).reshape(1)]).tolist()
+    stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head, documents=documents,
+                             predicted_positions=predicted_positions)
+    prepare_main_grads(optimizer)
+    read = [stats, squared_grad_norm(optimizer).to(stats.dtype).reshape(1)]
+    if stop_flag is not None:
+        read.append(stop_flag().to(stats.dtype).reshape(1))
+    values = torch.cat(read).tolist()  # the step's one host synchronisation
+    loss_sum, count, correct, norm_sq = values[:4]
+    stop = bool(values[4]) if stop_flag is not None else False
     lr = optimizer.param_groups[0]["lr"]
-    if not finite:
-        return StepResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), None, lr, skipped=True)
-    _, grad_norm, _ = optimizer.step()
+    loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
+    # Every rank read the same numbers (reduced over the data-parallel, pipeline and grad-stats groups), so every
+    # rank takes the same branch.
+    if not (math.isfinite(loss_sum) and math.isfinite(norm_sq)):
+        return StepResult(loss, accuracy, int(count), None, lr, skipped=True, stop_requested=stop)
+    grad_norm = math.sqrt(norm_sq)
+    clip_and_update(optimizer, grad_norm)
     scheduler.step(increment=1)
-    return StepResult(loss_sum / max(count, 1), correct / max(count, 1), int(count),
-                      None if grad_norm is None else float(grad_norm), lr, skipped=False)
+    return StepResult(loss, accuracy, int(count), grad_norm, lr, skipped=False, stop_requested=stop)

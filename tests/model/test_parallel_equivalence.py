@@ -89,10 +89,10 @@ def reference(model, batch):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=OPT.lr, betas=(OPT.beta1, OPT.beta2), eps=OPT.eps)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), OPT.clip_grad)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPT.clip_grad).item()
     opt.step()
     weights = dict(hf_to_megatron(lambda n: named[n].detach(), SHAPE, SHAPE.vocab_size))
-    return {"loss": loss.item(), "grads": grads, "weights": weights}
+    return {"loss": loss.item(), "grads": grads, "weights": weights, "grad_norm": grad_norm}
 
 
 def _worker(out_path):
@@ -128,6 +128,7 @@ def _worker(out_path):
                 else:
                     step = train_step(ddp, optimizer, scheduler, micro)
                     results[(name, kind, "step_loss")] = step.loss
+                    results[(name, kind, "grad_norm")] = step.grad_norm
                     results[(name, kind, "weights")] = gather_full(ddp, "weight")
     # init_parallel rebuilds megatron's groups for each layout on the same process group.
     destroy_parallel()
@@ -162,6 +163,8 @@ def test_every_layout_matches_single_process_reference(tmp_path):
             assert abs(results[(name, kind, "step_loss")] - ref["loss"]) < 1e-5, (name, kind)
             assert _max_diff(results[(name, kind, "grads")], ref["grads"]) < 1e-5, (name, kind)
             assert _max_diff(results[(name, kind, "weights")], ref["weights"]) < 1e-5, (name, kind)
+            # The norm train_step clips by (and guards with): Adam hides a wrong one in the weights.
+            assert abs(results[(name, kind, "grad_norm")] - ref["grad_norm"]) <= 1e-5 * ref["grad_norm"], (name, kind)
         if kind == "mlm":
             for name in LAYOUTS:
                 full = results[(name, kind, "full_head_loss")]

@@ -1,5 +1,6 @@
 """End-to-end training on megatron-core over gloo: phases, exact resume, reshard, atomic saves, CPT, guards, logs."""
 import json
+import math
 import shutil
 
 import pytest
@@ -52,6 +53,16 @@ def test_phase_switch_changes_objective_and_attention_but_carries_state(referenc
     assert switch["consumed_samples"] == sc.SWITCH * 8  # the data position carries on
     assert switch["adam_steps"] == [sc.SWITCH]  # optimizer moments carry on: nothing was reset
     assert switch["optimizer_id"] == start["optimizer_id"] and switch["model_id"] == start["model_id"]
+
+
+def test_each_step_reads_the_device_once(reference):
+    """One host synchronisation per step (issue #12): the loss statistics, the gradient norm that is also the
+    non-finite guard, and the stop flag come back in one read; megatron's own norm read and a separate guard and
+    stop read are gone. The sparse head's positions are found on the host before the batch goes over."""
+    _, records = reference
+    reads = records["host_reads"]
+    assert len(reads) == sc.TOTAL
+    assert all(calls == ["tolist"] for calls in reads), reads
 
 
 def test_checkpoints_follow_megatron_layout_and_keep_phase_end(reference):
@@ -186,11 +197,17 @@ def test_nan_guard_skips_then_aborts_leaving_last_checkpoint(data, tmp_path):
 
 
 def test_a_skipped_step_at_a_phase_end_still_saves_the_phase_end_checkpoint(data, tmp_path):
+    """Also: a step whose loss is finite but one gradient is not is skipped too (the guard reads the gradient
+    norm, `mlmclm.train.guarded_update`), and the run carries on."""
     run_dir = tmp_path / "nan_at_switch"
-    spawn(sc.run_with_nan_at, 1, sc.config(run_dir, data, tp=1), {sc.SWITCH}, tmp_path / "error.json")
+    spawn(sc.run_with_nan_at, 1, sc.config(run_dir, data, tp=1), {sc.SWITCH}, tmp_path / "error.json",
+          {sc.SWITCH + 2})
     assert json.loads((tmp_path / "error.json").read_text())["type"] is None  # one skipped step: the run goes on
     rows = metrics(run_dir)
     assert rows[sc.SWITCH]["train/skipped"] == 1 and rows[sc.TOTAL]["train/skipped"] == 0
+    bad_gradient = rows[sc.SWITCH + 2]
+    assert bad_gradient["train/skipped"] == 1 and math.isfinite(phase_loss(bad_gradient))
+    assert rows[sc.SWITCH + 1]["train/skipped"] == 0 and rows[sc.SWITCH + 3]["train/skipped"] == 0
     state = json.loads((run_dir / "checkpoints" / f"iter_{sc.SWITCH:07d}" / ckpt.TRAIN_STATE).read_text())
     assert state["keep"] and state["phase_name"] == "clm"  # the CPT starting point exists
 

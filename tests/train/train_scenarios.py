@@ -75,11 +75,41 @@ def run_recording(cfg_dict, record_path):
         if keep and phase_index == 0:
             records["clm_end_weights"] = gather_full(self.ddp, "weight")
 
-    pt._Run._enter_phase, pt._Run._save = enter, save
+    def counted_step(ddp, optimizer, *args, **kwargs):
+        with HostReads(optimizer) as reads:
+            result = original_step(ddp, optimizer, *args, **kwargs)
+        records.setdefault("host_reads", []).append(reads.calls)
+        return result
+
+    original_step = pt.train_step
+    pt._Run._enter_phase, pt._Run._save, pt.train_step = enter, save, counted_step
     result = _train(cfg_dict)
     if _rank0():
         records["result"] = result.__dict__
         torch.save(records, record_path)
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that bring a tensor's value to Python (on a GPU each waits for the device to finish
+    everything queued before it), by name: whoever makes them, our code or megatron's."""
+
+    READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+             torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.numpy}
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.calls: list[str] = []
+        self._optimizers = [part.optimizer for part in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+    def _adam_step_counters(self) -> set[int]:
+        """torch's Adam keeps each parameter's `step` on the host (unless capturable or fused) and reads it
+        there: not a device synchronisation on a GPU either, so not counted."""
+        return {id(state["step"]) for opt in self._optimizers for state in opt.state.values() if "step" in state}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.READS and id(args[0]) not in self._adam_step_counters():
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def run_killed_during_save(cfg_dict, kill_at_iteration):
@@ -128,12 +158,25 @@ def run_and_report_error(cfg_dict, report_path):
         Path(report_path).write_text(json.dumps({"type": None, "message": ""}))
 
 
-def run_with_nan_at(cfg_dict, bad_steps, report_path):
-    """Losses turn NaN at the steps in `bad_steps` (as a diverging run's would); the guard must skip or stop."""
+def run_with_nan_at(cfg_dict, bad_steps, report_path, bad_gradient_steps=()):
+    """Losses turn NaN at the steps in `bad_steps` (as a diverging run's would); at `bad_gradient_steps` the loss
+    stays finite and one gradient element becomes inf after the gradient reduction (an overflow in one layer's
+    backward). The guard must skip or stop."""
     from mlmclm.train import step as step_module
 
     original = step_module._loss_func
-    calls = {"n": 0}
+    original_finalize = step_module.finalize_model_grads
+    calls = {"n": 0, "finalized": 0}
+
+    def finalize_then_poison(model, *args, **kwargs):
+        out = original_finalize(model, *args, **kwargs)
+        calls["finalized"] += 1  # once per step
+        if calls["finalized"] in bad_gradient_steps:
+            grad = next(p.main_grad for p in model[-1].module.parameters() if p.requires_grad)
+            grad.view(-1)[0] = float("inf")
+        return out
+
+    step_module.finalize_model_grads = finalize_then_poison
 
     def poisoned(batch, correct, token_losses):
         loss, count, extra = original(batch, correct, token_losses)
