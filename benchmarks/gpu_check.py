@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from mlmclm.flops import flops_per_token, lm_head_fraction, mfu, peak_flops  # noqa: E402
 from mlmclm.model import PRESETS, PrecisionConfig, build_model, preset, set_causal  # noqa: E402
 from mlmclm.model.build import resolve_use_te  # noqa: E402
+from mlmclm.model.sparse_head import flat_positions  # noqa: E402
 from mlmclm.model.fusions import fusion_flags  # noqa: E402
 from mlmclm.model.precision import fp8_attention_here, transformer_engine_available  # noqa: E402
 from mlmclm.objectives import ObjectiveConfig, build_objective  # noqa: E402
@@ -246,23 +247,29 @@ class Trainer:
                                                  seed=seed) for kind in ("mlm", "clm")}
 
     def batches(self, objective: str, seq: int, micro_batch: int, count: int, seed: int):
-        """`count` distinct random micro-batches, prepared on the device before any timing."""
+        """`count` distinct random micro-batches, each with the sparse head's positions, made on the host as
+        pretrain makes them (no device read for the positions) and moved to the device before any timing."""
         gen = torch.Generator().manual_seed(seed)
         out = []
         for i in range(count):
             tokens = torch.randint(len(SPECIAL_IDS), self.model_cfg.vocab_size, (micro_batch, seq), generator=gen)
             ids = torch.arange(i * micro_batch, (i + 1) * micro_batch)
-            out.append(self.objectives[objective].prepare(tokens.to(current_device()), ids.to(current_device())))
+            batch = self.objectives[objective].prepare(tokens, ids)
+            positions = None if batch.causal else flat_positions([batch.loss_mask])
+            out.append((batch.to(current_device()),
+                        None if positions is None else [p.to(current_device()) for p in positions]))
         return out
 
-    def step(self, batch):
+    def step(self, batch_and_positions):
         # Each step under this trainer's own GC regime (as its pretrain would run): the feature table alternates
         # trainers in one process and the collector is process-wide, so each sets it for its own steps.
         if self.manual_gc.interval:
             gc.disable()
         else:
             gc.enable()
-        result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head)
+        batch, positions = batch_and_positions
+        result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head,
+                            predicted_positions=positions)
         self.steps_done += 1
         self.manual_gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):
@@ -293,7 +300,7 @@ def time_run(trainer: Trainer, row: RunRow, cfg: CheckConfig, peak: float | None
     start = time.perf_counter()
     steps = 0
     while steps < cfg.max_steps and (steps < cfg.min_steps or time.perf_counter() - start < cfg.seconds_per_run):
-        losses.append(trainer.step(batches[steps % len(batches)]).loss)  # the loss's .tolist() syncs each step
+        losses.append(trainer.step(batches[steps % len(batches)]).loss)  # train_step's one read syncs each step
         steps += 1
     synchronize()
     row.seconds = time.perf_counter() - start
