@@ -455,6 +455,7 @@ def feature_table(cfg: CheckConfig, peak: float | None, deadline: float, failure
             set_causal(trainer.chunks, False)
             for i in range(cfg.warmup_steps):
                 trainer.step(batches[i % len(batches)])
+        out["host_syncs_per_step"] = host_syncs_per_step(trainers["defaults"], batches, steps=3)
         for _ in range(cfg.feature_rounds):
             for name, trainer in trainers.items():
                 if time.monotonic() > deadline:
@@ -481,6 +482,27 @@ def feature_table(cfg: CheckConfig, peak: float | None, deadline: float, failure
         for trainer in trainers.values():
             trainer.close()
     return out
+
+
+def host_syncs_per_step(trainer: Trainer, batches, steps: int) -> list[int] | None:
+    """How often each training step makes the host wait for the GPU, as CUDA's sync debug mode reports it (one
+    warning per synchronising call: `.item()`, `.tolist()`, `nonzero`, a device-to-host copy). Issue #12's target
+    is one per step (mlmclm.train.step.train_step's read). None without CUDA (the CPU tests count the reads
+    themselves: tests/train/test_training_run.py)."""
+    if not on_gpu():
+        return None
+    counts = []
+    for i in range(steps):
+        synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.step(batches[i % len(batches)])
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchronizing" in str(w.message) for w in caught))
+    return counts
 
 
 def fp8_ratios(rows: list[RunRow]) -> list[dict]:
@@ -556,8 +578,9 @@ def run_check(cfg: CheckConfig) -> dict:
         "peak_tflops": {p: (None if v is None else v / 1e12) for p, (v, _) in peaks.items()},
         "peak_source": {p: why for p, (_, why) in peaks.items()},
         "memory_kind": peak_memory_gib()[1],
-        "flop_convention": "model FLOPs: 6 x forward MACs; LM head at every position; causal attention counted "
-                           "at half (mlmclm.flops)",
+        "flop_convention": "model FLOPs: 6 x forward MACs; LM head at every position for CLM and at the masked "
+                           "positions only for MLM with the sparse head; causal attention counted at half "
+                           "(mlmclm.flops)",
         "fp8": {"available": fp8_ok, "reason": fp8_why,
                 "recipe": FP8_RECIPE,
                 "attention": {m: fp8_attention_here(preset(m).head_dim, FP8_RECIPE)[1] for m in cfg.models},
@@ -612,6 +635,10 @@ def format_report(report: dict) -> str:
             mfu_text = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
             lines.append(f"  {row['variant']:<32}{row['tokens_per_s']:>11,.0f} tok/s  MFU {mfu_text:>6}  "
                          f"defaults are {row['defaults_speedup']:.2f}x")
+        if "host_syncs_per_step" in features:
+            syncs = features["host_syncs_per_step"]
+            lines.append("  host synchronisations per step (defaults; target 1): "
+                         + ("- (no CUDA)" if syncs is None else " ".join(map(str, syncs))))
         for what, why in features["not_measurable_here"].items():
             lines.append(f"  not measured: {what} ({why})")
     agr = report["precision_agreement"]

@@ -77,6 +77,9 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     # The full head needs more FLOPs than the sparse one (LM head at every position, not 40 % of them).
     assert rows["sparse MLM head off"]["flops_per_token"] > rows["defaults"]["flops_per_token"]
     assert "features on vs off" in proc.stdout
+    # Host synchronisations are counted by CUDA's sync debug mode, so only on a GPU; here the row says so.
+    assert features["host_syncs_per_step"] is None
+    assert "host synchronisations per step (defaults; target 1): - (no CUDA)" in proc.stdout
 
 
 def test_a_failed_check_exits_nonzero_and_says_why(tmp_path):
