@@ -71,3 +71,10 @@ def packed_seq_params(layout: DocumentLayout):
 def rows_end_to_end(tensor: torch.Tensor) -> torch.Tensor:
     """[b, S] → [1, b·S]: the THD layout's single sequence (megatron's [b, s] with b = 1)."""
     return tensor.reshape(1, -1)
+
+
+def positions_end_to_end(positions: torch.Tensor, batch_size: int, seq_length: int) -> torch.Tensor:
+    """Flat indices into the sequence-major [S·b] grid of a [b, S] batch (the sparse head's positions) → the same
+    tokens' indices once `rows_end_to_end` has made the batch one sequence: row r, column c moves from c·b + r
+    to r·S + c. Computed where the positions are (no read from the device)."""
+    return (positions % batch_size) * seq_length + positions // batch_size

@@ -14,7 +14,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mlmclm.model.document_attention import (DocumentLayout, block_diagonal_mask, packed_seq_params,
-                                             rows_end_to_end)
+                                             positions_end_to_end, rows_end_to_end)
 from mlmclm.model.sparse_head import flat_positions, select_labels, sparse_head_loss
 from mlmclm.model.weights import unwrap
 from mlmclm.objectives import ObjectiveBatch
@@ -112,14 +112,18 @@ def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
         config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
 
 
-def document_attention_inputs(batch: ObjectiveBatch, layout: DocumentLayout, thd: bool) -> tuple[ObjectiveBatch, dict]:
-    """The batch and the model's keyword arguments for per-document attention (mlmclm.model.document_attention):
-    TE layers take the rows end to end in the THD format, local layers a block-diagonal mask."""
+def document_attention_inputs(batch: ObjectiveBatch, layout: DocumentLayout, thd: bool,
+                              positions: torch.Tensor | None = None):
+    """The batch, the model's keyword arguments and the sparse head's positions for per-document attention
+    (mlmclm.model.document_attention): TE layers take the rows end to end in the THD format, which re-indexes the
+    positions (they index the sequence-major grid of the batch as made), local layers a block-diagonal mask."""
     if thd:
         flat = replace(batch, input_ids=rows_end_to_end(batch.input_ids), labels=rows_end_to_end(batch.labels),
                        loss_mask=rows_end_to_end(batch.loss_mask))
-        return flat, {"packed_seq_params": packed_seq_params(layout)}
-    return batch, {"attention_mask": block_diagonal_mask(layout.document_ids, batch.causal)}
+        if positions is not None:
+            positions = positions_end_to_end(positions, *batch.input_ids.shape)
+        return flat, {"packed_seq_params": packed_seq_params(layout)}, positions
+    return batch, {"attention_mask": block_diagonal_mask(layout.document_ids, batch.causal)}, positions
 
 
 def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False,
@@ -132,17 +136,19 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
     `predicted_positions`: the sparse head's positions, `flat_positions` of the loss masks, found on the host
     before the batch went to the device; None finds them here (one read of the masks from the device).
     `documents`: one layout per micro-batch for per-document attention; None attends across documents."""
+    predicted = [None] * len(micro_batches)
+    if sparse_head and not micro_batches[0].causal:
+        predicted = predicted_positions
+        if predicted is None:
+            predicted = flat_positions([mb.loss_mask for mb in micro_batches])
     attention = [{} for _ in micro_batches]
     if documents is not None:
         thd = bool(getattr(unwrap(ddp_chunks[0]), "uses_transformer_engine", False))
-        pairs = [document_attention_inputs(mb, layout, thd) for mb, layout in zip(micro_batches, documents)]
-        micro_batches, attention = [p[0] for p in pairs], [p[1] for p in pairs]
+        triples = [document_attention_inputs(mb, layout, thd, positions)
+                   for mb, layout, positions in zip(micro_batches, documents, predicted)]
+        micro_batches, attention, predicted = (list(t) for t in zip(*triples))
     seq = micro_batches[0].input_ids.shape[1]
     mbs = micro_batches[0].input_ids.shape[0]
-    if sparse_head and not micro_batches[0].causal:
-        predicted = predicted_positions if predicted_positions is not None else flat_positions([mb.loss_mask for mb in micro_batches])
-    else:
-        predicted = [None] * len(micro_batches)
     items = list(zip(micro_batches, predicted, attention))
     if len(ddp_chunks) > 1:
         # Interleaved schedule: one iterator per model chunk, each over the same micro-batches.

@@ -38,6 +38,29 @@ def test_layout_marks_every_document_and_row_start():
     assert params.cu_seqlens_q is layout.cu_seqlens
 
 
+def test_thd_inputs_reindex_the_sparse_heads_positions():
+    """TE layers get the rows end to end ([1, b·S]); the sparse head's positions, found on the host for the batch
+    as made ([b, S], sequence-major), must then still pick the same tokens: same labels, same order."""
+    from mlmclm.model.sparse_head import flat_positions, select_labels
+    from mlmclm.objectives import ObjectiveBatch
+    from mlmclm.train.step import document_attention_inputs
+
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(4, 200, (len(DOC_LENGTHS), SEQ), generator=gen)
+    mask = (torch.rand(len(DOC_LENGTHS), SEQ, generator=gen) < 0.4).float()
+    batch = ObjectiveBatch(input_ids=labels.clone(), labels=labels, loss_mask=mask, causal=False,
+                           num_predicted=mask.sum().long())
+    positions = flat_positions([mask])[0]
+    layout = DocumentLayout.from_document_ids(document_ids())
+    flat, kwargs, moved = document_attention_inputs(batch, layout, thd=True, positions=positions)
+    assert flat.input_ids.shape == (1, len(DOC_LENGTHS) * SEQ) and "packed_seq_params" in kwargs
+    assert torch.equal(select_labels(flat.labels, moved), select_labels(batch.labels, positions))
+    assert sorted(moved.tolist()) == flat_positions([flat.loss_mask])[0].tolist()
+    # Local layers keep the batch (and so the positions) as made.
+    same, kwargs, kept = document_attention_inputs(batch, layout, thd=False, positions=positions)
+    assert same is batch and kept is positions and "attention_mask" in kwargs
+
+
 def test_block_diagonal_mask_blocks_other_documents_and_for_clm_the_future():
     ids = torch.tensor([[0, 0, 1, 1]])
     allowed = ~block_diagonal_mask(ids, causal=False)[0, 0]
