@@ -49,6 +49,14 @@ def test_bf16_parameters_train_and_checkpoint_fp32_main_parameters(reference):
     assert stored["optimizer.state.param.decoder.layers.mlp.linear_fc1.weight"].dtype == torch.float32
 
 
+def test_bf16_steps_read_the_device_once(reference):
+    """The GPU regime's step (bf16 parameters, fp32 main gradients sharded over DP=2) also reads the device once:
+    loss statistics, the gradient norm that is the non-finite guard, and the stop flag, together."""
+    _, records = reference
+    assert len(records["host_reads"]) == sc.TOTAL
+    assert all(calls == ["tolist"] for calls in records["host_reads"]), records["host_reads"]
+
+
 def test_bf16_resume_from_before_the_switch_is_exact(reference, data, tmp_path):
     ref_dir, _ = reference
     run_dir = tmp_path / "run"
