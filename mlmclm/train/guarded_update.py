@@ -3,9 +3,9 @@
 megatron's `optimizer.step()` prepares the main gradients, computes their global norm (read on the host unless TE's
 multi-tensor kernels are there), clips and updates, in one call. A guard in front of it needed its own pass over
 every gradient (`isfinite`) and its own host read: 12 % of a CPU step at the paper's vocabulary, and on a GPU one
-more point per step where the host waits for the device. The gradient norm already is the guard: the sum of squares is finite exactly when every
-gradient is (a finite gradient whose square overflows fp32, |g| > 1.8e19, counts as diverged too). So the step is
-split into megatron's own parts, and only the norm's read is ours:
+more point per step where the host waits for the device. The gradient norm already is the guard: the sum of squares
+is finite exactly when every gradient is (a finite gradient whose square overflows fp32, |g| > 1.8e19, counts as
+diverged too). So the step is split into megatron's own parts, and only the norm's read is ours:
 
     prepare_main_grads(optimizer)                        # megatron's prepare_grads (no read without a loss scaler)
     norm_sq = squared_grad_norm(optimizer)               # on the device, reduced over the grad-stats group
