@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mlmclm.parallel.runtime import to_device
+
 
 @dataclass
 class DocumentLayout:
@@ -45,9 +47,9 @@ class DocumentLayout:
         lengths = bounds[1:] - bounds[:-1]
         return cls(document_ids.to(torch.int64), bounds.to(torch.int32), int(lengths.max()))
 
-    def to(self, device, non_blocking: bool = True) -> "DocumentLayout":
-        return DocumentLayout(self.document_ids.to(device, non_blocking=non_blocking),
-                              self.cu_seqlens.to(device, non_blocking=non_blocking), self.max_seqlen)
+    def to(self, device) -> "DocumentLayout":
+        return DocumentLayout(to_device(self.document_ids, device), to_device(self.cu_seqlens, device),
+                              self.max_seqlen)
 
 
 def block_diagonal_mask(document_ids: torch.Tensor, causal: bool) -> torch.Tensor:

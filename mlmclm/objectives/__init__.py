@@ -14,6 +14,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from mlmclm.parallel.runtime import to_device
+
 IGNORE_INDEX = -100
 KINDS = ("clm", "mlm")
 MASK_MODES = ("mask_only", "80_10_10")
@@ -48,14 +50,6 @@ class ObjectiveBatch:
         return replace(self, input_ids=to_device(self.input_ids, device), labels=to_device(self.labels, device),
                        loss_mask=to_device(self.loss_mask, device),
                        num_predicted=to_device(self.num_predicted, device))
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`tensor` on `device`, copied without a host wait when it goes from the host to a GPU (pinned, non-blocking)."""
-    device = torch.device(device)
-    if device.type == "cuda" and tensor.device.type == "cpu":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
 
 
 class Objective(Protocol):

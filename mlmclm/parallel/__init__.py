@@ -6,6 +6,7 @@ from mlmclm.parallel.runtime import (
     destroy_parallel,
     init_parallel,
     layout,
+    to_device,
 )
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "destroy_parallel",
     "init_parallel",
     "layout",
+    "to_device",
 ]

@@ -109,6 +109,14 @@ def current_device() -> torch.device:
     return torch.device("cpu")
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`, copied without a host wait when it goes from the host to a GPU (pinned, non-blocking)."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy, torch and megatron's model-parallel RNG tracker (call after init_parallel)."""
     from megatron.core import tensor_parallel

@@ -15,8 +15,8 @@ from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
 from mlmclm.model.document_attention import DocumentLayout
 from mlmclm.model.sparse_head import flat_positions
-from mlmclm.objectives import build_objective, to_device
-from mlmclm.parallel import current_device, destroy_parallel, init_parallel
+from mlmclm.objectives import build_objective
+from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.determinism import enable_determinism
