@@ -99,6 +99,29 @@ def flops_per_step(model: ModelConfig, seq_length: int, sequences_per_step: int,
     return flops_per_token(model, seq_length, **kwargs) * seq_length * sequences_per_step
 
 
+def flops_for_lengths(model: ModelConfig, lengths, **kwargs) -> float:
+    """Model FLOPs of one step over samples of the given lengths, each attending only within itself
+    (random-length samples, `mlmclm.data.random_length`): per-token FLOPs are linear in the attention length L,
+    a + b·L, so the step costs a·ΣL + b·ΣL² — padding is not model work and is not counted."""
+    one, two = flops_per_token(model, 1, **kwargs), flops_per_token(model, 2, **kwargs)
+    slope = two - one
+    total = sum(int(n) for n in lengths)
+    squares = sum(int(n) * int(n) for n in lengths)
+    return (one - slope) * total + slope * squares
+
+
+def mean_flops_for_uniform_lengths(model: ModelConfig, min_length: int, max_length: int, samples: int,
+                                   **kwargs) -> float:
+    """Expected model FLOPs of a step of `samples` samples with lengths uniform in [min_length, max_length]
+    (for plans: E[L] and E[L²] of the discrete uniform distribution)."""
+    values = range(min_length, max_length + 1)
+    mean = sum(values) / len(values)
+    mean_square = sum(v * v for v in values) / len(values)
+    one, two = flops_per_token(model, 1, **kwargs), flops_per_token(model, 2, **kwargs)
+    slope = two - one
+    return samples * ((one - slope) * mean + slope * mean_square)
+
+
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s. Matched in order by substring of
 # torch.cuda.get_device_name(), so the specific H100 variants come before the generic "H100" (the SXM part).
 PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [

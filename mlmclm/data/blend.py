@@ -177,13 +177,21 @@ class BlendedLoader:
 
 
 def build_loader(data, global_batch_size: int, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
-                 expected_tokenizer: dict | None = None):
-    """The loader for a `DataConfig` (`data.path`: one dataset; `data.blend`: {path: weight}). Both kinds have
-    `manifest` (tokenizer, seq_length), `next_global_batch`, `consumed_samples`, `state_dict`, `load_state_dict`,
-    `close`."""
+                 expected_tokenizer: dict | None = None, pad_multiple: int = 1, same_length: bool = False):
+    """The loader for a `DataConfig` (`data.path`: one dataset; `data.blend`: {path: weight}; with
+    `data.random_length`, random-length samples of `data.path`, their micro-batches padded as
+    `RandomLengthLoader` says). Every kind has `manifest` (tokenizer, seq_length), `next_global_batch`,
+    `consumed_samples`, `state_dict`, `load_state_dict`, `close`."""
     blend = getattr(data, "blend", None)
+    lengths = getattr(data, "random_length", None)
+    if blend and lengths is not None:
+        raise ValueError("data.random_length is not implemented for data.blend: give one dataset (data.path)")
     if blend:
         return BlendedLoader(BlendConfig(dict(blend), global_batch_size, micro_batch_size, seed=data.seed,
                                          skip_corrupt=data.skip_corrupt), dp_rank, dp_size, expected_tokenizer)
-    return PackedLoader(LoaderConfig(data.path, global_batch_size, micro_batch_size, seed=data.seed,
-                                     skip_corrupt=data.skip_corrupt), dp_rank, dp_size, expected_tokenizer)
+    cfg = LoaderConfig(data.path, global_batch_size, micro_batch_size, seed=data.seed, skip_corrupt=data.skip_corrupt)
+    if lengths is not None:
+        from mlmclm.data.random_length import RandomLengthLoader
+
+        return RandomLengthLoader(cfg, lengths, dp_rank, dp_size, expected_tokenizer, pad_multiple, same_length)
+    return PackedLoader(cfg, dp_rank, dp_size, expected_tokenizer)

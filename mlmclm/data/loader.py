@@ -207,6 +207,18 @@ class PackedLoader:
         int64) when given. For readers that interleave several streams (`mlmclm.data.blend`)."""
         self._walk(n, out)
 
+    def peek(self, skip: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [skip, skip + n) ahead of the current position (tokens, document ids: [n, S] int64), read without
+        consuming them (`mlmclm.data.random_length` cuts samples that end inside a row another rank reads too)."""
+        saved = self.consumed_samples, self.epoch, self._epoch_start
+        out = (np.empty((n, self.manifest.seq_length), np.int64), np.empty((n, self.manifest.seq_length), np.int64))
+        try:
+            self._walk(skip)
+            self._walk(n, out)
+        finally:
+            self.consumed_samples, self.epoch, self._epoch_start = saved
+        return out
+
     def _skip_shard(self, shard: int, err: Exception) -> None:
         name = self.manifest.shards[shard].name
         self._skipped.add(name)

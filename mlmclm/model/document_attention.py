@@ -15,6 +15,10 @@ RoPE positions differ between the two (the mask keeps each token's position in t
 rotary attention depends only on the distance between query and key, so both equal running each document alone
 up to rounding. The local path is tested against that on CPU; the THD path needs TE and a GPU (see
 `benchmarks/gpu_train_check.py`), and is unverified where that has not run.
+
+Random-length samples (`mlmclm.data.random_length`, the paper's) use the same mechanism with samples as segments:
+a micro-batch is one row of samples laid end to end, and `attention_layout` cuts it at every sample start (and,
+with per-document attention, at every document start as well); padding is a segment of its own.
 """
 from __future__ import annotations
 
@@ -50,6 +54,20 @@ class DocumentLayout:
     def to(self, device) -> "DocumentLayout":
         return DocumentLayout(to_device(self.document_ids, device), to_device(self.cu_seqlens, device),
                               self.max_seqlen)
+
+
+def attention_layout(micro_batch: dict, per_document: bool) -> DocumentLayout:
+    """The layout of a loader's micro-batch: segments are its documents, or, for random-length samples (which
+    carry per-token `sample_ids` [b, S]), its samples — cut at document starts too when `per_document`."""
+    documents = micro_batch["document_ids"]
+    samples = micro_batch["sample_ids"]
+    if samples.dim() != 2:
+        return DocumentLayout.from_document_ids(documents)
+    starts = torch.zeros_like(samples, dtype=torch.bool)
+    starts[:, 1:] = samples[:, 1:] != samples[:, :-1]
+    if per_document:
+        starts[:, 1:] |= documents[:, 1:] != documents[:, :-1]
+    return DocumentLayout.from_document_ids(starts.cumsum(dim=1))
 
 
 def block_diagonal_mask(document_ids: torch.Tensor, causal: bool) -> torch.Tensor:

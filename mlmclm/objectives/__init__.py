@@ -3,6 +3,7 @@
     objective = build_objective(ObjectiveConfig(kind="mlm"), special_token_ids=[...], mask_token_id=..,
                                 vocab_size=.., seed=..)
     batch = objective.prepare(tokens, sample_ids)   # on the device `tokens` lives on
+    batch = objective.prepare(tokens, sample_ids, positions)   # samples laid end to end: ids, positions per token
 
 `labels` is IGNORE_INDEX where nothing is predicted and a valid token id wherever `loss_mask` is 1.
 The loss itself (vocab-parallel cross entropy, accuracy) lives in `mlmclm.objectives.loss`.
@@ -56,7 +57,8 @@ class Objective(Protocol):
     name: str
     causal: bool
 
-    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor) -> ObjectiveBatch: ...
+    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor,
+                positions: torch.Tensor | None = None) -> ObjectiveBatch: ...
 
 
 def build_objective(
@@ -81,3 +83,12 @@ def build_objective(
         mask_ratio=cfg.mask_ratio, mask_mode=cfg.mask_mode, special_token_ids=special_token_ids,
         mask_token_id=mask_token_id, vocab_size=vocab_size, seed=seed,
     )
+
+
+def objective_for_tokenizer(cfg: ObjectiveConfig, tokenizer: dict, seed: int) -> Objective:
+    """The objective for data prepared with `tokenizer` (a manifest's tokenizer identity): its BOS, EOS, mask and
+    pad ids are the special tokens."""
+    special = [tokenizer.get(role) for role in ("bos_id", "eos_id", "mask_id", "pad_id")]
+    return build_objective(cfg, special_token_ids=[i for i in special if i is not None],
+                           mask_token_id=tokenizer.get("mask_id"), vocab_size=tokenizer["vocab_size"], seed=seed,
+                           pad_token_id=tokenizer.get("pad_id"))

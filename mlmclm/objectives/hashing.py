@@ -48,11 +48,17 @@ def token_randoms(seed: int, sample_ids: torch.Tensor, seq_len: int, stream: int
 
     `stream` separates independent draws for the same token (e.g. "select" vs "how to corrupt").
     """
+    positions = torch.arange(seq_len, dtype=torch.int64, device=sample_ids.device)
+    return randoms_at(seed, sample_ids[:, None], positions[None, :], stream)
+
+
+def randoms_at(seed: int, sample_ids: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """`token_randoms` for explicit (sample, position) pairs (broadcast together): a token draws the same number
+    whether its sample fills a row from column 0 or lies among others laid end to end."""
     device = sample_ids.device
     key = splitmix64(torch.tensor(_s64(seed), dtype=torch.int64, device=device) + _s64(stream * 0x632BE59BD9B4E019))
-    per_sample = splitmix64(key ^ sample_ids.to(torch.int64))                       # [b]
-    positions = torch.arange(seq_len, dtype=torch.int64, device=device)
-    counters = per_sample[:, None] + positions[None, :] * _GOLDEN                   # distinct per position
+    per_sample = splitmix64(key ^ sample_ids.to(torch.int64))
+    counters = per_sample + positions.to(torch.int64) * _GOLDEN                     # distinct per position
     return _shr(splitmix64(counters), 11)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from mlmclm.objectives import IGNORE_INDEX, ObjectiveBatch
-from mlmclm.objectives.hashing import threshold, token_randoms
+from mlmclm.objectives.hashing import randoms_at, threshold, token_randoms
 
 _SELECT, _ACTION, _RANDOM_TOKEN = 1, 2, 3  # independent random streams
 
@@ -41,24 +41,39 @@ class MaskedLM:
             )
         return self._device_tables[device]
 
-    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor) -> ObjectiveBatch:
-        if tokens.dim() != 2 or sample_ids.shape != tokens.shape[:1]:
-            raise ValueError(f"expected tokens [b, S] and sample_ids [b], got {tuple(tokens.shape)} and "
-                             f"{tuple(sample_ids.shape)}")
+    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor,
+                positions: torch.Tensor | None = None) -> ObjectiveBatch:
+        """`sample_ids` [b]: one sample per row. Or, for samples laid end to end, `sample_ids` and `positions`
+        [b, S] per token (sample id -1 on padding, never masked): a token masks the same way in either layout."""
+        per_token = positions is not None
+        expected = tokens.shape if per_token else tokens.shape[:1]
+        if tokens.dim() != 2 or sample_ids.shape != expected:
+            raise ValueError(f"expected tokens [b, S] and sample_ids [b] (or [b, S] with positions), got "
+                             f"{tuple(tokens.shape)} and {tuple(sample_ids.shape)}")
         specials, ordinary = self._tables(tokens.device)
         seq_len = tokens.shape[1]
         sample_ids = sample_ids.to(tokens.device)
+        if per_token:
+            positions = positions.to(tokens.device)
+
+        def randoms(stream: int) -> torch.Tensor:
+            if per_token:
+                return randoms_at(self.seed, sample_ids, positions, stream)
+            return token_randoms(self.seed, sample_ids, seq_len, stream)
+
         eligible = ~torch.isin(tokens, specials)
-        selected = eligible & (token_randoms(self.seed, sample_ids, seq_len, _SELECT) < threshold(self.mask_ratio))
+        if per_token:
+            eligible &= sample_ids >= 0
+        selected = eligible & (randoms(_SELECT) < threshold(self.mask_ratio))
 
         labels = torch.where(selected, tokens, torch.full_like(tokens, IGNORE_INDEX))
         if self.mask_mode == "mask_only":
             input_ids = torch.where(selected, torch.full_like(tokens, self.mask_token_id), tokens)
         else:  # 80% mask, 10% random ordinary token, 10% keep
-            action = token_randoms(self.seed, sample_ids, seq_len, _ACTION)
+            action = randoms(_ACTION)
             to_mask = selected & (action < threshold(0.8))
             to_random = selected & (action >= threshold(0.8)) & (action < threshold(0.9))
-            picks = ordinary[token_randoms(self.seed, sample_ids, seq_len, _RANDOM_TOKEN) % ordinary.numel()]
+            picks = ordinary[randoms(_RANDOM_TOKEN) % ordinary.numel()]
             input_ids = torch.where(to_mask, torch.full_like(tokens, self.mask_token_id), tokens)
             input_ids = torch.where(to_random, picks.to(tokens.dtype), input_ids)
         return ObjectiveBatch(input_ids, labels, selected.float(), causal=False, num_predicted=selected.sum())

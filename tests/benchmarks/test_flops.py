@@ -84,3 +84,20 @@ def test_mlm_counts_the_head_at_masked_positions_only():
     assert lm_head_fraction(ObjectiveConfig("mlm", mask_ratio=0.4)) == 0.4
     mlm = flops_per_token(SHAPE, S, lm_head_fraction=lm_head_fraction(ObjectiveConfig("mlm", mask_ratio=0.25)))
     assert mlm == 6 * (2 * (Q + KV + OUT + MLP + ATT_BIDIR) + HEAD / 4)
+
+
+def test_random_length_steps_count_each_samples_own_attention_length():
+    """Random-length samples attend within themselves: a step costs the sum of each sample's FLOPs at its own
+    length — not micro_batch × seq_length — and the plan's expectation is the mean of that over the lengths."""
+    from mlmclm.flops import flops_for_lengths, flops_per_step, mean_flops_for_uniform_lengths
+    from mlmclm.model.config import preset
+
+    model = preset("eurobert-210m")
+    lengths = [12, 700, 2048, 1030]
+    for kwargs in ({"causal": True}, {"causal": False, "lm_head_fraction": 0.4}):
+        expected = sum(flops_per_step(model, n, 1, **kwargs) for n in lengths)
+        assert flops_for_lengths(model, lengths, **kwargs) == pytest.approx(expected, rel=1e-12)
+        assert flops_for_lengths(model, lengths, **kwargs) < flops_per_step(model, 2048, len(lengths), **kwargs)
+    uniform = [flops_for_lengths(model, [n]) for n in range(12, 2049)]
+    assert mean_flops_for_uniform_lengths(model, 12, 2048, 2304) == pytest.approx(2304 * sum(uniform) / len(uniform),
+                                                                                rel=1e-12)
