@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from mlmclm.data.packing import Packer   # the packing a single run uses for its tails
 from mlmclm.data.shards import ShardError, read_shard_starts, token_checksum, write_shard
 from mlmclm.data.tokenizer import check_same_tokenizer
 
 log = logging.getLogger(__name__)
 PART_PATTERN = "part-{:05d}-of-{:05d}"
+VALIDATION_DIR = "validation"   # the held-out split's directory beside the training rows (mlmclm.data.prepare)
 TAILS_NAME = "tails.npz"
 
 
@@ -81,8 +83,6 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
           samples_per_shard: int = 4096, rows_per_block: int = 256, command: str = "") -> Manifest:
     """Check the parts (same tokenizer, sequence length, dtype and grouping; all N present once; shard and tail
     checksums unless `verify` is false) and write `output_dir/manifest.json` over all of them."""
-    from mlmclm.data.prepare import _Packer   # the packing a single run uses for its tails
-
     out = Path(output_dir)
     part_dirs = [Path(p) for p in parts] if parts else find_parts(out)
     manifests = []
@@ -134,7 +134,7 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
     all_tails.sort(key=lambda t: t[0])
 
     (out / MANIFEST_NAME).unlink(missing_ok=True)   # checked: from here on the output is rewritten
-    packer = _Packer(S, first.tokenizer["bos_id"], first.tokenizer["eos_id"])
+    packer = Packer(S, first.tokenizer["bos_id"], first.tokenizer["eos_id"])
     for _, tokens, starts in all_tails:
         packer.add_tail(tokens, starts)
     tokens, starts = packer.rows(final=True, pad_id=pad_id)
@@ -160,6 +160,19 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
         inputs=list(dict.fromkeys(i for m in manifests for i in m.inputs)),   # every part lists the same inputs
         parts=[os.path.relpath(Path(m.location).parent, out) for m in manifests],
     )
+    held_out = [m.validation for m in manifests]
+    if any(held_out):
+        if not all(held_out) or len({v["every"] for v in held_out}) > 1:
+            raise MergeError("the parts disagree on their validation split (prepared with different "
+                             "--validation-every): " + ", ".join(f"{Path(m.location).parent.name}: "
+                                                                 f"{(m.validation or {}).get('every')}"
+                                                                 for m in manifests))
+        split_parts = [Path(m.location).parent / v["path"] for m, v in zip(manifests, held_out)]
+        split = merge(out / VALIDATION_DIR, [p.parent for p in split_parts], verify, samples_per_shard,
+                      rows_per_block, f"{command or f'merge({out})'} (validation split)")
+        merged.validation = {"path": os.path.relpath(split.location, out), "every": held_out[0]["every"],
+                             "num_documents": split.num_documents, "num_samples": split.num_samples,
+                             "num_tokens": split.num_tokens}
     merged.save(out)
     merged.location = str(out / MANIFEST_NAME)
     log.info("merged %d parts: %d samples (%d from tails), %d tokens, %d documents under %s", len(manifests),

@@ -10,18 +10,20 @@ describes shards it did not write.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from mlmclm.data.partition import PART_PATTERN, write_tails
+from mlmclm.data.packing import Packer
+from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
 from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
 from mlmclm.data.sources import PrepareError, expand_inputs, hf_documents, iter_documents
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
@@ -56,6 +58,9 @@ class PrepareConfig:
     num_partitions: int = 1
     group_docs: int = 100_000
     token_dtype: str | None = None  # None: uint16 when the vocabulary fits, else int32
+    # Hold out every K-th document (index % K == K - 1) as a validation split, prepared like the rest into
+    # OUTPUT/validation/ and recorded in the manifest (mlmclm.train.validation evaluates on it). None: no split.
+    validation_every: int | None = None
 
     def __post_init__(self):
         if not 2 <= self.seq_length <= 65536:
@@ -71,6 +76,9 @@ class PrepareConfig:
             raise PrepareError(f"partition {self.partition} is not in [0, num_partitions={self.num_partitions})")
         if self.group_docs < 1:
             raise PrepareError(f"group_docs must be positive, got {self.group_docs}")
+        if self.validation_every is not None and self.validation_every < 2:
+            raise PrepareError(f"validation_every must be >= 2 (every K-th document held out), got "
+                               f"{self.validation_every}")
         if self.token_dtype not in (None, *TOKEN_DTYPES):
             raise PrepareError(f"token_dtype {self.token_dtype!r}: expected one of {sorted(TOKEN_DTYPES)}")
 
@@ -92,7 +100,7 @@ def prepare(cfg: PrepareConfig) -> Manifest:
         files = expand_inputs(cfg.inputs)
         docs = iter_documents(files, cfg.text_field, wanted)
         inputs = [str(p) for p in files]
-    return _prepare_documents(docs, cfg, inputs=inputs)
+    return _prepare_with_validation(docs, cfg, inputs)
 
 
 def prepare_embedded_corpus(output_dir, seq_length: int, max_tokens: int | None = None, **overrides) -> Manifest:
@@ -107,7 +115,43 @@ def prepare_embedded_corpus(output_dir, seq_length: int, max_tokens: int | None 
         tokenizer=str(embedded_tokenizer_dir()), seq_length=seq_length, max_tokens=max_tokens, **overrides,
     )
     docs = ((i, w.text if not cfg.partitioned or cfg.wanted(i) else None) for i, w in enumerate(works))
-    return _prepare_documents(docs, cfg, inputs=cfg.inputs)
+    return _prepare_with_validation(docs, cfg, cfg.inputs)
+
+
+
+def _prepare_with_validation(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig,
+                             inputs: list[str]) -> Manifest:
+    """The training rows and, with `validation_every` K, the held-out split: documents whose index is K-1 mod K
+    are kept out of the training rows and prepared, by the same packing (partitions and groups included, so a
+    merge gives the same rows), into OUTPUT/validation/; the training manifest records it. The held-out texts wait
+    in memory while the training rows are written (1/K of the corpus)."""
+    every = cfg.validation_every
+    if every is None:
+        return _prepare_documents(docs, cfg, inputs=inputs)
+    held: list[tuple[int, str]] = []
+
+    def training_documents():
+        for index, text in docs:
+            if index % every == every - 1:
+                if text is not None:
+                    held.append((index, text))
+                text = None
+            yield index, text
+
+    def add_split(manifest: Manifest, out: Path) -> None:
+        if not held and not cfg.partitioned:
+            raise PrepareError(f"validation_every {every}: no document held out (the corpus has fewer than "
+                               f"{every} documents); lower it")
+        split_dir = Path(cfg.output_dir) / VALIDATION_DIR
+        split_cfg = dataclasses.replace(cfg, output_dir=str(split_dir), validation_every=None, max_tokens=None,
+                                        command=f"{cfg.command or 'prepare'} (validation split: every {every}th "
+                                                f"document)")
+        split = _prepare_documents(iter(held), split_cfg, inputs=inputs)
+        manifest.validation = {"path": os.path.relpath(split.location, out), "every": every,
+                               "num_documents": split.num_documents, "num_samples": split.num_samples,
+                               "num_tokens": split.num_tokens}
+
+    return _prepare_documents(training_documents(), cfg, inputs=inputs, before_save=add_split)
 
 
 # --- tokenization in worker processes -------------------------------------------------------------------------
@@ -169,67 +213,7 @@ def _encoded(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig,
             yield group, *result.get()
 
 
-# --- packing and writing --------------------------------------------------------------------------------------
-
-class _Packer:
-    """Concatenates BOS + doc + EOS into a token stream and cuts it into rows, remembering document starts."""
-
-    def __init__(self, seq_length: int, bos: int, eos: int):
-        self.S, self.bos, self.eos = seq_length, bos, eos
-        self.chunks: list[np.ndarray] = []
-        self.starts: list[np.ndarray] = []   # stream offsets (relative to self.base) where documents begin
-        self.buffered = 0                    # tokens in self.chunks
-
-    def add(self, flat: np.ndarray, lengths: np.ndarray, limit: int | None) -> tuple[int, int]:
-        """Append documents (truncated to `limit` tokens if given); returns (tokens, documents) added."""
-        wrapped = lengths + 2
-        offsets = np.concatenate([[0], np.cumsum(wrapped)[:-1]])
-        out = np.empty(int(wrapped.sum()), dtype=np.int32)
-        out[offsets] = self.bos
-        out[offsets + wrapped - 1] = self.eos
-        body = np.ones(len(out), dtype=bool)
-        body[offsets] = body[offsets + wrapped - 1] = False
-        out[body] = flat
-        if limit is not None:
-            out, offsets = out[:limit], offsets[offsets < limit]
-        self.chunks.append(out)
-        self.starts.append(offsets + self.buffered)
-        self.buffered += len(out)
-        return len(out), len(offsets)
-
-    def add_tail(self, tokens: np.ndarray, starts: np.ndarray) -> None:
-        """Append another group's tail; where it joins the stream a new segment starts, whether or not a document
-        begins there (the tail may start inside a document whose beginning is elsewhere)."""
-        self.chunks.append(tokens)
-        self.starts.append(np.union1d([0], starts) + self.buffered)
-        self.buffered += len(tokens)
-
-    def take_tail(self) -> tuple[np.ndarray, np.ndarray]:
-        """The buffered remainder (less than a row, after `rows`) and its document starts; empties the buffer."""
-        stream = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int32)
-        starts = np.concatenate(self.starts) if self.starts else np.zeros(0, np.int64)
-        assert len(stream) < self.S, "take_tail before rows()"
-        self.chunks, self.starts, self.buffered = [], [], 0
-        return stream, starts.astype(np.int64)
-
-    def rows(self, final: bool, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """Complete rows from the buffer (and, if `final`, the padded remainder): tokens [n, S], flat doc starts."""
-        stream = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int32)
-        starts = np.concatenate(self.starts) if self.starts else np.zeros(0, np.int64)
-        n = len(stream) // self.S
-        if final and len(stream) % self.S and pad_id is not None:
-            stream = np.concatenate([stream, np.full(self.S - len(stream) % self.S, pad_id, np.int32)])
-            n += 1
-        elif final and len(stream) % self.S:
-            log.warning("tokenizer has no pad token: dropping the last %d tokens (a partial row)",
-                        len(stream) % self.S)
-        used = n * self.S
-        self.chunks = [stream[used:]] if used < len(stream) else []
-        self.starts = [starts[starts >= used] - used] if used < len(stream) else []
-        self.buffered = len(stream) - used
-        row_starts = starts[(starts < used) & (starts % self.S != 0)]
-        return stream[:used].reshape(n, self.S), row_starts.astype(np.int64)
-
+# --- writing ------------------------------------------------------------------------------------------------------
 
 def _tokenizer_json(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -253,7 +237,8 @@ def _checked_tokenizer(cfg: PrepareConfig):
     return tokenizer, ident
 
 
-def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig, inputs: list[str]) -> Manifest:
+def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig, inputs: list[str],
+                       before_save: Callable[[Manifest, Path], None] | None = None) -> Manifest:
     """Pack the documents group by group: each group's rows start at a row boundary; the last partial row of each
     group (its *tail*) is packed with the other groups' tails, in group order, at the end of the stream. A
     partitioned job writes its groups' full rows and saves its tails for the merge, which packs them exactly as a
@@ -269,8 +254,8 @@ def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfi
         stale.unlink()
 
     S, pad_id = cfg.seq_length, ident["pad_id"]
-    packer = _Packer(S, ident["bos_id"], ident["eos_id"])
-    tails = _Packer(S, ident["bos_id"], ident["eos_id"])   # single run: the groups' tails, packed in group order
+    packer = Packer(S, ident["bos_id"], ident["eos_id"])
+    tails = Packer(S, ident["bos_id"], ident["eos_id"])   # single run: the groups' tails, packed in group order
     part_tails: list[tuple[int, np.ndarray, np.ndarray]] = []   # partitioned: (group, tokens, starts) for merge
     shards: list[ShardInfo] = []
     pending: list[tuple[np.ndarray, np.ndarray]] = []  # row groups not yet written
@@ -349,6 +334,8 @@ def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfi
     if cfg.partitioned:
         manifest.partition = {"index": cfg.partition, "count": cfg.num_partitions, "group_docs": cfg.group_docs}
         manifest.tails = write_tails(out, part_tails)
+    if before_save is not None:   # e.g. the validation split, recorded before the manifest exists
+        before_save(manifest, out)
     manifest.save(out)
     manifest.location = str(out / MANIFEST_NAME)
     log.info("prepared %d samples (%d tokens, %d documents, %s) in %d shards under %s", manifest.num_samples,
