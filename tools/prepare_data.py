@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-docs", type=int, default=defaults.group_docs,
                    help="documents per group (the unit partitions share out); a merge needs the same value")
     p.add_argument("--token-dtype", choices=["uint16", "int32"], help="default: uint16 when the vocabulary fits")
+    p.add_argument("--validation-every", type=int, default=None, metavar="K",
+                   help="hold out every K-th document as a validation split in OUTPUT/validation (1000: 0.1%%)")
     p.add_argument("--no-require-mask-token", dest="require_mask_token", action="store_false",
                    help="allow a tokenizer without a mask token (CLM-only data)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python tools/prepare_data.py " + shlex.join(argv)
     common = dict(samples_per_shard=args.samples_per_shard, workers=args.workers, progress=args.progress,
                   command=command, partition=args.partition, num_partitions=args.num_partitions,
-                  group_docs=args.group_docs, token_dtype=args.token_dtype)
+                  group_docs=args.group_docs, token_dtype=args.token_dtype, validation_every=args.validation_every)
     if sum(map(bool, (args.embedded, args.input, args.dataset))) != 1:
         p.error("give one of --input, --dataset or --embedded")
     try:

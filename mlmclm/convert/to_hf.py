@@ -194,6 +194,15 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
         lines.append(f"- converted from Hugging Face: `{json.dumps(converted, sort_keys=True)}`")
     if rows:
         lines += ["", "## Objective phases", "", "| # | name | objective | length |", "|---|---|---|---|", *rows]
+    held_out = [v for v in ts.get("validation") or [] if isinstance(v, dict)]
+    if held_out:  # mlmclm.train.validation: both objectives on the same held-out samples, whatever was trained
+        ratio = (rc.get("validation") or {}).get("mask_ratio")
+        lines += ["", "## Validation (held-out documents)", "",
+                  f"CLM loss and MLM loss at mask ratio {ratio} (nats per predicted token), on the same held-out "
+                  "samples at every evaluation:", "",
+                  "| step | tokens | CLM loss | MLM loss |", "|---|---|---|---|",
+                  *(f"| {v.get('step')} | {v.get('tokens')} | {v.get('val/clm/loss', float('nan')):.4f} | "
+                    f"{v.get('val/mlm/loss', float('nan')):.4f} |" for v in held_out)]
     if "clm" in kinds or (converted and converted.get("model_type") == "llama"):
         lines += ["", "Part of this model's training used a causal (CLM) objective. It is exported, like every "
                       "checkpoint, as a bidirectional EuroBERT encoder: Hugging Face's EuroBERT attends in both "

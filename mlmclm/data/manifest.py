@@ -8,6 +8,7 @@ rows (samples), and `checksum` (sum of all token ids mod 2**64) lets the loader 
 Versions: v1 (int32 tokens only) is still read; v2 adds uint16 tokens and the partition fields: a *part* (one job of
 a partitioned preparation) records `partition` (index, count, docs per group) and `tails` (its groups' unpacked
 last rows, see `mlmclm.data.partition`); a merged manifest lists `parts` and names shards by relative path.
+`validation` (optional) points to the held-out split, a dataset of its own.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class Manifest:
     partition: dict | None = None   # a part: {"index", "count", "group_docs"}
     tails: dict | None = None       # a part: {"name", "groups", "tokens", "checksum"} of its tails file
     parts: list[str] = field(default_factory=list)   # a merged dataset: its parts' directories (relative)
+    # The held-out split prepared beside it (`prepare_data --validation-every K`): {"path" (its manifest, relative),
+    # "every", "num_documents", "num_samples", "num_tokens"}.
+    validation: dict | None = None
     location: str = field(default="", repr=False, compare=False)  # where it was loaded from (not saved)
 
     def __post_init__(self):

@@ -25,9 +25,12 @@ def flat_positions(loss_masks: list[torch.Tensor]) -> list[torch.Tensor]:
     if not loss_masks:
         return []
     device = loss_masks[0].device
-    grids = torch.stack([mask.transpose(0, 1).reshape(-1) != 0 for mask in loss_masks]).cpu()  # [M, s*b]
-    nonzero = grids.nonzero()[:, 1]  # row-major: grouped by micro-batch, ascending within each
-    counts = grids.sum(dim=1).tolist()
+    # Concatenated, not stacked: random-length micro-batches differ in length (mlmclm.data.random_length).
+    sizes = [mask.numel() for mask in loss_masks]
+    grid = torch.cat([mask.transpose(0, 1).reshape(-1) != 0 for mask in loss_masks]).cpu()  # [Σ s*b]
+    counts = [int(part.sum()) for part in torch.split(grid, sizes)]
+    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
+    nonzero = grid.nonzero().reshape(-1) - torch.repeat_interleave(starts, torch.tensor(counts))  # ascending each
     return list(torch.split(nonzero.to(device, non_blocking=True), counts))
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlmclm import config_io
+from mlmclm.data.random_length import SampleLengths
 from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
@@ -41,6 +42,10 @@ class DataConfig:
     # manifest at start, and copied next to exported Hugging Face models.
     tokenizer: str | None = None
     blend: dict[str, float] | None = None  # instead of `path`: {dataset path: weight} (mlmclm.data.blend)
+    # The paper's samples: lengths uniform in [min_length, max_length], laid end to end in a micro-batch with
+    # attention confined to each (mlmclm.data.random_length); micro and global batches then count these samples.
+    # None: the prepared fixed-length rows, attention across each whole row.
+    random_length: SampleLengths | None = None
 
     def __post_init__(self):
         if (self.path is None) == (not self.blend):
@@ -71,6 +76,28 @@ class CheckpointConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """Held-out loss (mlmclm.train.validation): the CLM loss and the MLM loss at `mask_ratio`, on the same samples
+    every `interval` steps, at each phase end and at the run's end, whatever objective the run trains."""
+
+    enabled: bool | None = None  # None: when the data's manifest records a validation split (or `path` is given)
+    interval: int = 1000
+    samples: int | None = None  # held-out samples per evaluation; default: one global batch
+    mask_ratio: float = 0.4  # the reference MLM ratio (the paper's main one), independent of the training ratio
+    path: str | None = None  # a prepared dataset; default: the split recorded in the data's manifest
+
+    def __post_init__(self):
+        if self.interval < 1:
+            raise ValueError(f"validation.interval must be >= 1, got {self.interval}")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"validation.samples must be >= 1 or null, got {self.samples}")
+        if not 0.0 < float(self.mask_ratio) < 1.0:
+            raise ValueError(f"validation.mask_ratio must be strictly between 0 and 1, got {self.mask_ratio!r}")
+        if self.enabled is False and self.path is not None:
+            raise ValueError("validation.path is set but validation.enabled is false")
+
+
+@dataclass
 class LoggingConfig:
     log_interval: int = 10  # console line every N steps (rank 0); TensorBoard gets every step
     tensorboard: bool = True
@@ -92,6 +119,7 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     seed: int = 1234
     max_consecutive_nonfinite: int = 3  # abort after this many skipped (NaN/Inf) steps in a row
     use_te: bool | None = None  # Transformer Engine layers: None = when available
@@ -123,6 +151,13 @@ class TrainConfig:
             raise ValueError("max_consecutive_nonfinite must be >= 1")
         if self.manual_gc_interval < 0:
             raise ValueError(f"manual_gc_interval must be >= 0 (0 = automatic GC), got {self.manual_gc_interval}")
+        lengths = self.data.random_length
+        if lengths is not None and lengths.max_length > self.model.max_position_embeddings:
+            raise ValueError(f"data.random_length.max_length {lengths.max_length} exceeds "
+                             f"model.max_position_embeddings {self.model.max_position_embeddings}")
+        if self.validation.samples is not None and self.validation.samples % self.micro_batch_size:
+            raise ValueError(f"validation.samples {self.validation.samples} is not a multiple of micro_batch_size "
+                             f"{self.micro_batch_size}")
         self.phase_steps()  # validates that the phases fill the run exactly
         self.schedule.check(self.total_steps)
         self.model.validate_layout(self.parallel)

@@ -48,6 +48,10 @@ class MetricsLogger:
                 "TFLOP/s per GPU": ["Multiline", ["perf/tflops_per_gpu"]],
                 "MFU": ["Multiline", ["perf/mfu"]],
             },
+            "validation": {  # held-out losses of both objectives, whatever the run trains
+                "loss": ["Multiline", ["val/clm/loss", "val/mlm/loss"]],
+                "accuracy": ["Multiline", ["val/clm/accuracy", "val/mlm/accuracy"]],
+            },
             "optimisation": {
                 "lr": ["Multiline", ["train/lr"]],
                 "grad norm": ["Multiline", ["train/grad_norm"]],
@@ -55,9 +59,13 @@ class MetricsLogger:
         })
 
     def step(self, step: int, phase_name: str, phase_index: int, result, consumed_tokens: int, step_tokens: int,
-             step_samples: int, flops_per_step: float, world_size: int, peak_tflops: float | None) -> dict:
+             step_samples: int, flops_per_step: float, world_size: int, peak_tflops: float | None,
+             extra: dict | None = None) -> dict:
+        """One row per step; `extra` (the held-out losses and `perf/validation_s` on a validation step) joins it,
+        and the validation's time is left out of the step's throughput."""
+        extra = extra or {}
         now = time.perf_counter()
-        elapsed, self._last = now - self._last, now
+        elapsed, self._last = now - self._last - extra.get("perf/validation_s", 0.0), now
         tokens_per_s = step_tokens / elapsed
         tflops = flops_per_step / elapsed / world_size / 1e12
         metrics = {
@@ -76,6 +84,7 @@ class MetricsLogger:
             metrics["train/grad_norm"] = result.grad_norm
         if peak_tflops:
             metrics["perf/mfu"] = tflops / peak_tflops
+        metrics.update(extra)
         if self.writer is not None:
             for tag, value in metrics.items():
                 self.writer.add_scalar(tag, value, step)

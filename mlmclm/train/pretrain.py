@@ -13,9 +13,9 @@ import torch.distributed as dist
 from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
-from mlmclm.model.document_attention import DocumentLayout
+from mlmclm.model.document_attention import attention_layout
 from mlmclm.model.sparse_head import flat_positions
-from mlmclm.objectives import build_objective
+from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
@@ -26,6 +26,7 @@ from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, start_checkpoint_writer_helper, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
+from mlmclm.train.validation import Validator, validation_path
 
 log = logging.getLogger("mlmclm.train")
 
@@ -57,10 +58,11 @@ def check_data_fits_model(cfg: TrainConfig, manifest: Manifest) -> None:
     if tok.get("vocab_size", 0) > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size {cfg.model.vocab_size} is smaller than the data's tokenizer vocabulary "
                          f"{tok.get('vocab_size')} ({manifest.location})")
-    if manifest.seq_length > cfg.model.max_position_embeddings:
+    if cfg.data.random_length is None and manifest.seq_length > cfg.model.max_position_embeddings:
         raise ValueError(f"data seq_length {manifest.seq_length} exceeds model.max_position_embeddings "
                          f"{cfg.model.max_position_embeddings}")
-    if cfg.parallel.sequence_parallel and manifest.seq_length % cfg.parallel.tensor_parallel:
+    if cfg.parallel.sequence_parallel and cfg.data.random_length is None and \
+            manifest.seq_length % cfg.parallel.tensor_parallel:
         raise ValueError(f"sequence parallelism needs seq_length {manifest.seq_length} divisible by "
                          f"tensor_parallel {cfg.parallel.tensor_parallel}")
     if any(p.objective.kind == "mlm" for p in cfg.phases) and tok.get("mask_id") is None:
@@ -72,11 +74,22 @@ def check_data_fits_model(cfg: TrainConfig, manifest: Manifest) -> None:
         check_same_tokenizer(tok, expected, where=manifest.location)
 
 
-def _flops_per_step(cfg: TrainConfig, seq_length: int, objective) -> float:
+def _flops_per_step(cfg: TrainConfig, seq_length: int, objective, lengths=None) -> float:
+    """Model FLOPs of a step: fixed rows of `seq_length`, or random-length samples of `lengths`, each attending
+    within itself (the real tokens and attention lengths, not micro_batch × seq_length)."""
     from mlmclm import flops
 
-    return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, causal=objective.kind == "clm",
-                                lm_head_fraction=flops.lm_head_fraction(objective))
+    kwargs = dict(causal=objective.kind == "clm", lm_head_fraction=flops.lm_head_fraction(objective))
+    if lengths is not None:
+        return flops.flops_for_lengths(cfg.model, lengths, **kwargs)
+    return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, **kwargs)
+
+
+def _padding(cfg: TrainConfig) -> dict:
+    """How random-length micro-batches are padded: to a multiple of 16 tokens per tensor-parallel rank (TE's FP8
+    GEMMs need token counts divisible by 16, sequence parallelism by TP), and with pipeline parallelism every
+    micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
+    return {"pad_multiple": 16 * cfg.parallel.tensor_parallel, "same_length": cfg.parallel.pipeline_parallel > 1}
 
 
 def _peak_tflops(cfg: TrainConfig) -> float | None:
@@ -148,9 +161,13 @@ class _Run:
         self.rank0 = state.rank == 0
         # One dataset (`data.path`) or a weighted blend (`data.blend`): the loader knows the shared manifest.
         self.loader = build_loader(cfg.data, cfg.global_batch_size, cfg.micro_batch_size, state.dp_rank,
-                                   state.dp_size)
+                                   state.dp_size, **_padding(cfg))
         self.manifest = self.loader.manifest
         check_data_fits_model(cfg, self.manifest)
+        held_out = validation_path(cfg, self.manifest)
+        self.validator = None if held_out is None else Validator(
+            cfg, held_out, self.manifest.tokenizer, state.dp_rank, state.dp_size, state.device, **_padding(cfg))
+        self.validations: list[dict] = []  # every evaluation so far (in checkpoints: the model card reports them)
         self.seq = self.manifest.seq_length
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
         first_kind = cfg.phases[0].objective.kind
@@ -179,6 +196,7 @@ class _Run:
             self.iteration = train_state["iteration"]
             self.consumed_tokens = train_state["consumed_tokens"]
             self.consecutive_nonfinite = train_state.get("consecutive_nonfinite", 0)
+            self.validations = train_state.get("validation", [])
             self.loader.load_state_dict(train_state["loader"])
             self._info(f"resumed {latest} at step {self.iteration} ({self.consumed_tokens} tokens)")
         elif cfg.checkpoint.init_from:
@@ -196,7 +214,7 @@ class _Run:
                 "consumed_samples": self.loader.consumed_samples, "phase_index": phase_index,
                 "phase_name": self.cfg.phases[phase_index].name, "loader": self.loader.state_dict(),
                 "consecutive_nonfinite": self.consecutive_nonfinite, "tokenizer": self.manifest.tokenizer,
-                "seq_length": self.seq, "total_steps": self.cfg.total_steps}
+                "seq_length": self.seq, "total_steps": self.cfg.total_steps, "validation": self.validations}
 
     def _save(self, phase_index: int, keep: bool) -> None:
         run_config = self.cfg.to_dict()
@@ -237,18 +255,24 @@ class _Run:
                 micro = self.loader.next_global_batch()
                 batches, predicted = self._prepare_on_host(objective, micro)
                 documents = None
-                if cfg.per_document_attention:  # boundaries found on the host: no device synchronisation
-                    documents = [DocumentLayout.from_document_ids(mb["document_ids"]).to(self.state.device)
+                # Boundaries found on the host (no device synchronisation): documents, or random-length samples.
+                if cfg.per_document_attention or cfg.data.random_length is not None:
+                    documents = [attention_layout(mb, cfg.per_document_attention).to(self.state.device)
                                  for mb in micro]
                 result = train_step(self.ddp, self.optimizer, self.scheduler, batches,
                                     sparse_head=cfg.sparse_mlm_head, documents=documents,
                                     predicted_positions=predicted, stop_flag=stop.agreed_flag)
                 self.iteration += 1
                 gc_control.step(self.iteration)
-                step_tokens = cfg.global_batch_size * self.seq
+                lengths = getattr(self.loader, "last_lengths", None)  # random-length samples: the real tokens
+                step_tokens = cfg.global_batch_size * self.seq if lengths is None else int(lengths.sum())
+                if lengths is not None:
+                    flops_per_step = _flops_per_step(cfg, self.seq, phase.objective, lengths)
                 self.consumed_tokens += step_tokens
+                phase_end = self.iteration == bounds[phase_index][1]
+                held_out = self._validate(phase_end, objective.causal, logger)
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
-                            cfg.global_batch_size, flops_per_step, self.state.world_size, peak)
+                            cfg.global_batch_size, flops_per_step, self.state.world_size, peak, extra=held_out)
                 if self.lock is not None:
                     self.lock.touch()
                 if result.skipped:
@@ -264,7 +288,6 @@ class _Run:
                     final_losses[phase.name] = result.loss
                 # A skipped step still ends its phase and still answers a stop request: the phase-end checkpoint
                 # (a continued-pretraining starting point) and a preemption save must not depend on the last loss.
-                phase_end = self.iteration == bounds[phase_index][1]
                 periodic = cfg.checkpoint.save_interval and self.iteration % cfg.checkpoint.save_interval == 0
                 if result.stop_requested:
                     self._save(phase_index, keep=phase_end)
@@ -287,13 +310,27 @@ class _Run:
         return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,
                          str(cfg.tensorboard_dir))
 
+    def _validate(self, phase_end: bool, causal: bool, logger: MetricsLogger) -> dict:
+        """Held-out losses when due (every `validation.interval` steps, at each phase end, hence at the run's
+        end); before the step's save, so a checkpoint's history holds every evaluation up to its step."""
+        if self.validator is None or not self.validator.due(self.iteration, phase_end):
+            return {}
+        results = self.validator.evaluate(self.ddp, self.chunks, causal)
+        losses = {k: v for k, v in results.items() if k.startswith("val/")}
+        self.validations.append({"step": self.iteration, "tokens": self.consumed_tokens, **losses})
+        logger.text("validation", f"step {self.iteration} validation: CLM loss {losses['val/clm/loss']:.4f}, "
+                                  f"MLM loss {losses['val/mlm/loss']:.4f} (mask ratio "
+                                  f"{self.cfg.validation.mask_ratio:g}), {results['perf/validation_s']:.2f} s",
+                    self.iteration)
+        return results
+
     def _prepare_on_host(self, objective, micro: list[dict]):
         """The objective's batches and the sparse head's positions, made on the host and then copied over.
 
         MLM masks are counter-based (the same on every device), so nothing changes but where they are made: the
         positions, whose count decides the head's shapes, are then known without reading the device (a second
         host synchronisation per step on a GPU)."""
-        batches = [objective.prepare(mb["tokens"], mb["sample_ids"]) for mb in micro]
+        batches = [objective.prepare(mb["tokens"], mb["sample_ids"], mb.get("positions")) for mb in micro]
         predicted = None
         if self.cfg.sparse_mlm_head and not objective.causal:
             predicted = flat_positions([batch.loss_mask for batch in batches])
@@ -304,11 +341,7 @@ class _Run:
 
     def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
         phase = self.cfg.phases[index]
-        tok = self.manifest.tokenizer
-        special = [i for i in (tok.get("bos_id"), tok.get("eos_id"), tok.get("mask_id"), tok.get("pad_id"))
-                   if i is not None]
-        objective = build_objective(phase.objective, special_token_ids=special, mask_token_id=tok.get("mask_id"),
-                                    vocab_size=tok["vocab_size"], seed=self.cfg.seed, pad_token_id=tok.get("pad_id"))
+        objective = objective_for_tokenizer(phase.objective, self.manifest.tokenizer, self.cfg.seed)
         set_causal(self.chunks, objective.causal)
         what = (f"phase {index} '{phase.name}' ({phase.objective.kind}"
                 + (f", mask ratio {phase.objective.mask_ratio}, {phase.objective.mask_mode}"

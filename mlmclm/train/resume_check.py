@@ -22,7 +22,7 @@ FREE_ON_RESUME = ("run_dir", "data.path", "data.tokenizer", "data.skip_corrupt",
                   "checkpoint", "logging", "use_te", "max_consecutive_nonfinite", "manual_gc_interval",
                   "sparse_mlm_head", "fused_kernels", "optimizer.distributed_optimizer",
                   "optimizer.overlap_grad_reduce", "optimizer.overlap_param_gather", "deterministic",
-                  "model.name")
+                  "model.name", "validation")
 
 _SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                  "vocab_size", "norm_eps")

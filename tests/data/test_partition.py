@@ -130,3 +130,23 @@ def test_cli_partition_from_slurm_array(tmp_path, tok_dir, docs, monkeypatch, ca
     assert "SLURM_ARRAY_TASK_ID is not set" in capsys.readouterr().err
     with pytest.raises(Exception, match="partition 2 is not in"):
         prepare(cfg([src], tmp_path / "x", tok_dir, partition=2, num_partitions=2))
+
+
+def test_the_validation_split_is_the_same_from_one_run_or_merged_partitions(tmp_path, tok_dir, docs):
+    """`validation_every`: every K-th document is kept out of the training rows and packed into OUTPUT/validation,
+    which the manifest records; partitions merged give the same training rows and the same split as one run."""
+    inputs = [write_jsonl(tmp_path / "a.jsonl", docs[:150]), write_jsonl(tmp_path / "b.jsonl", docs[150:])]
+    single = prepare(cfg(inputs, tmp_path / "single", tok_dir, validation_every=8))
+    for i in range(3):
+        prepare(cfg(inputs, tmp_path / "merged", tok_dir, partition=i, num_partitions=3, validation_every=8))
+    merged = merge(tmp_path / "merged")
+    plain = prepare(cfg(inputs, tmp_path / "plain", tok_dir))
+    assert single.validation["path"] == merged.validation["path"] == "validation/manifest.json"
+    assert single.validation["num_documents"] == merged.validation["num_documents"] == 50   # 400 / 8
+    assert single.num_documents == merged.num_documents == 350
+    assert rows_of(tmp_path / "merged") == rows_of(tmp_path / "single")
+    assert rows_of(tmp_path / "merged" / "validation") == rows_of(tmp_path / "single" / "validation")
+    held_out = Manifest.load(tmp_path / "single" / "validation")
+    assert held_out.num_tokens + single.num_tokens == plain.num_tokens   # every token once, in one split or the other
+    with pytest.raises(Exception, match="validation_every"):
+        prepare(cfg(inputs[:1], tmp_path / "tiny", tok_dir, validation_every=1))
