@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 import fiddle as fdl
 import nemo_run as run
 
+from mlmclm.data.random_length import SampleLengths
 from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
@@ -25,7 +26,10 @@ PAPER_SEQ_LENGTH = 2048
 # Memory budget per GPU and forward, in tokens: SIZES' layouts were sized for 12 sequences of 1024 (6 of 2048).
 TOKENS_PER_GPU_FORWARD = 12 * 1024
 PAPER_GPUS, PAPER_SEQS_PER_GPU = 192, 12
-PAPER_GLOBAL_BATCH = PAPER_GPUS * PAPER_SEQS_PER_GPU  # 2304 sequences = 4 718 592 tokens per step at 2048
+PAPER_GLOBAL_BATCH = PAPER_GPUS * PAPER_SEQS_PER_GPU  # 2304 samples per step
+# The paper's samples: lengths uniform in [12, 2048] (the authors' Optimus packs with `--random_size`), 1030
+# tokens on average, so 2304 × 1030 = 2 373 120 tokens per step (the paper's figure) and ≈ 99.7B per 42k run.
+PAPER_SAMPLE_LENGTHS = (12, 2048)
 PAPER_TOTAL_STEPS = 42_000
 PAPER_WARMUP_STEPS = 2_000
 PAPER_DECAY_STEPS = 2_000  # WSD: linear decay over the last 2k steps
@@ -120,6 +124,7 @@ def train_partial(
     save_interval: int | None = 1000,
     log_interval: int = 10,
     seed: int = 1234,
+    random_length: tuple[int, int] | None = None,
 ) -> run.Partial:
     """The common base: every recipe is this with its own arguments; validated before it is returned."""
     if nodes < 1 or gpus_per_node < 1:
@@ -131,7 +136,8 @@ def train_partial(
         TrainConfig,
         run_dir=run_dir,
         model=run.Config(ModelConfig, **model.to_dict()),
-        data=run.Config(DataConfig, path=data_path, tokenizer=tokenizer, seed=seed),
+        data=run.Config(DataConfig, path=data_path, tokenizer=tokenizer, seed=seed,
+                        random_length=None if random_length is None else run.Config(SampleLengths, *random_length)),
         phases=[run.Config(PhaseConfig, steps=p.steps, fraction=p.fraction,
                            objective=run.Config(ObjectiveConfig, kind=p.kind, mask_ratio=p.mask_ratio,
                                                 mask_mode=p.mask_mode))
@@ -150,13 +156,19 @@ def train_partial(
         logging=run.Config(LoggingConfig, log_interval=log_interval),
         seed=seed,
         use_te=True if fp8 else None,  # FP8 needs TE layers; without FP8, TE is used when importable
-        # The paper attends across the documents packed in a row: the authors' Optimus trainer packs documents into
-        # fixed-size blocks (optimus/dataprocess/pack_dataset.py) and attends over the whole block.
+        # The paper attends across the documents inside a sample (random-length samples confine attention to each
+        # sample; fixed rows attend over the whole row), as the authors' Optimus trainer does.
         per_document_attention=False,
     )
     partial = run.Partial(pretrain_entry, config=config, nodes=nodes, gpus_per_node=gpus_per_node)
     validate(partial)
     return partial
+
+
+def tokens_per_sample(cfg: TrainConfig, seq_length: int) -> float:
+    """Mean tokens of one sample: the mean random length, or the data's fixed row length."""
+    lengths = cfg.data.random_length
+    return seq_length if lengths is None else lengths.mean
 
 
 def paper_model(size: str) -> tuple[ModelConfig, SizeLayout]:

@@ -26,14 +26,15 @@ EXECUTORS = ("local", "slurm")
 def prepare_part(partition: int | str, num_partitions: int, output: str, seq_length: int, tokenizer: str = "embedded",
                  inputs: list[str] | None = None, dataset: str | None = None, dataset_config: str | None = None,
                  split: str = "train", streaming: bool = False, text_field: str = "text", embedded: bool = False,
-                 workers: int = 8, group_docs: int = 100_000, samples_per_shard: int = 4096) -> dict:
+                 workers: int = 8, group_docs: int = 100_000, samples_per_shard: int = 4096,
+                 validation_every: int | None = None) -> dict:
     """One job: partition `partition` ("slurm": $SLURM_ARRAY_TASK_ID) of `num_partitions`."""
     from mlmclm.data.prepare import PrepareConfig, prepare, prepare_embedded_corpus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     index = int(os.environ["SLURM_ARRAY_TASK_ID"]) if partition == "slurm" else int(partition)
     common = dict(partition=index, num_partitions=num_partitions, workers=workers, group_docs=group_docs,
-                  samples_per_shard=samples_per_shard, progress=False)
+                  samples_per_shard=samples_per_shard, progress=False, validation_every=validation_every)
     if embedded:
         m = prepare_embedded_corpus(output, seq_length, **common)
     else:

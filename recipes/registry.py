@@ -11,7 +11,7 @@ from typing import Any, Callable
 import nemo_run as run
 
 from recipes import grid, paper, tiny
-from recipes.base import PAPER_RUN_ROOT, PAPER_SEQ_LENGTH, SIZES, validate, world_size
+from recipes.base import PAPER_RUN_ROOT, PAPER_SEQ_LENGTH, SIZES, tokens_per_sample, validate, world_size
 from recipes.entry import pretrain_entry
 
 
@@ -137,8 +137,14 @@ def markdown_table() -> str:
             f"| `{recipe.name}` | {recipe.summary} | {cfg.model.name} | {_phases(cfg)} | "
             f"{sched.style} warmup {sched.warmup_steps}, decay {sched.decay_steps} | {_layout(cfg)} | "
             f"{partial.nodes} × {partial.gpus_per_node} | {cfg.micro_batch_size} × {accum} × {dp} | "
-            f"{cfg.global_batch_size * recipe.seq_length:,} | {grid_runs} | {params} |")
+            f"{_tokens_per_step(cfg, recipe.seq_length)} | {grid_runs} | {params} |")
     return "\n".join(lines) + "\n"
+
+
+def _tokens_per_step(cfg, seq_length: int) -> str:
+    tokens = f"{round(cfg.global_batch_size * tokens_per_sample(cfg, seq_length)):,}"
+    lengths = cfg.data.random_length
+    return tokens if lengths is None else f"{tokens} (mean; samples {lengths.min_length}-{lengths.max_length})"
 
 
 README = Path(__file__).with_name("README.md")

@@ -26,7 +26,7 @@ from mlmclm import flops
 from mlmclm.config_io import parse_value
 from recipes import grid as grids
 from recipes import launch, registry
-from recipes.base import PAPER_RUN_ROOT, validate
+from recipes.base import PAPER_RUN_ROOT, tokens_per_sample, validate
 from recipes.tiny import TINY_RUN_ROOT
 
 DEFAULT_MFU = 0.40  # assumed model-FLOPs utilisation for the GPU-hours estimate (not measured)
@@ -89,6 +89,16 @@ def _split_items(items: list[str]) -> tuple[dict, dict]:
     return params, executor
 
 
+def _step_flops(cfg, seq_length: int, causal: bool) -> float:
+    """Expected model FLOPs of one step: random-length samples each attend within themselves (E[L] and E[L²] of
+    the uniform lengths), fixed rows over the whole row."""
+    lengths = cfg.data.random_length
+    if lengths is None:
+        return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, causal=causal)
+    return flops.mean_flops_for_uniform_lengths(cfg.model, lengths.min_length, lengths.max_length,
+                                                cfg.global_batch_size, causal=causal)
+
+
 def build_plan(grid_name: str, *, params: dict | None = None,
                run_root: str | None = None, data_path: str | None = None, checkpoint_dir: str | None = None,
                mfu: float = DEFAULT_MFU, peak: str = DEFAULT_PEAK) -> list[PlannedRun]:
@@ -117,12 +127,11 @@ def build_plan(grid_name: str, *, params: dict | None = None,
         steps = cfg.phase_steps()
         phases = [(p.objective.kind, s) for p, s in zip(cfg.phases, steps)]
         seq = recipe.seq_length
-        total_flops = sum(s * flops.flops_per_step(cfg.model, seq, cfg.global_batch_size, causal=kind == "clm")
-                          for kind, s in phases)
+        total_flops = sum(s * _step_flops(cfg, seq, kind == "clm") for kind, s in phases)
         gpu_hours = total_flops / (mfu * peak_flops) / 3600
         state = run_state(host_run_dir(cfg.run_dir, checkpoint_dir), cfg.total_steps)
         planned.append(PlannedRun(entry, partial, phases, cfg.total_steps, cfg.total_steps * cfg.global_batch_size
-                                  * seq, gpu_hours, state))
+                                  * tokens_per_sample(cfg, seq), gpu_hours, state))
     return planned
 
 

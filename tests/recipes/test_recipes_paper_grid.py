@@ -56,8 +56,12 @@ def test_plan_states_costs_and_parents(tmp_path):
     planned = sweep.build_plan("paper", run_root=str(tmp_path))
     by_name = {p.entry.name: p for p in planned}
     assert all(p.state == "new" and p.gpu_hours > 0 for p in planned)
-    # one step = 2304 sequences × 2048 tokens; CLM costs less than MLM (half the attention work)
-    assert by_name["610m-mlm40-42k"].tokens == 42_000 * 2304 * 2048
+    # one step = 2304 random-length samples of 1030 tokens on average = 2 373 120 tokens, ≈ 99.7B per 42k run (the
+    # paper's budget); CLM costs less than MLM (half the attention work)
+    assert by_name["610m-mlm40-42k"].tokens == 42_000 * 2_373_120 == pytest.approx(99.7e9, rel=1e-3)
+    rows = {p.entry.name: p for p in sweep.build_plan("paper", run_root=str(tmp_path), params={"fixed_rows": True})}
+    assert rows["610m-mlm40-42k"].tokens == 42_000 * 2304 * 2048   # fixed 2048-token rows stay available
+    assert rows["610m-mlm40-42k"].gpu_hours > 2 * by_name["610m-mlm40-42k"].gpu_hours   # twice the tokens, longer
     assert by_name["610m-clm-42k"].gpu_hours < by_name["610m-mlm40-42k"].gpu_hours
     assert by_name["1b-mlm40-42k"].gpu_hours > by_name["610m-mlm40-42k"].gpu_hours
 

@@ -39,14 +39,19 @@ def test_global_batch_in_tokens_is_fixed_across_node_counts(nodes):
     cfg = validate(partial)
     dp = nodes * 8  # TP=PP=CP=1 for this size
     assert cfg.global_batch_size == PAPER_GLOBAL_BATCH
-    assert cfg.micro_batch_size <= 6 and cfg.micro_batch_size * cfg.num_microbatches(dp) * dp == 2304
+    assert cfg.micro_batch_size <= 12 and cfg.micro_batch_size * cfg.num_microbatches(dp) * dp == 2304
 
 
-def test_four_node_610m_accumulates_twelve_micro_batches_of_six_2048_token_sequences():
-    # base.SIZES budgets 12 × 1024 tokens per forward; the paper's 2048-token sequences halve the micro batch.
+def test_four_node_610m_accumulates_six_micro_batches_of_twelve_random_length_samples():
+    # The paper's 12 samples per GPU forward (12 × 1030 tokens on average: base.SIZES' budget of 12 × 1024);
+    # fixed 2048-token rows halve the micro batch.
     cfg = validate(registry.get("clm_mlm_610m").build(nodes=4))
-    assert (cfg.micro_batch_size, cfg.num_microbatches(32)) == (6, 12)
+    assert (cfg.micro_batch_size, cfg.num_microbatches(32)) == (12, 6)
+    lengths = cfg.data.random_length
+    assert (lengths.min_length, lengths.max_length) == (12, 2048) and not cfg.per_document_attention
     assert cfg.model.max_position_embeddings == 2048 and cfg.data.path.endswith("-2048")
+    rows = validate(registry.get("clm_mlm_610m").build(nodes=4, fixed_rows=True))
+    assert rows.data.random_length is None and (rows.micro_batch_size, rows.num_microbatches(32)) == (6, 12)
 
 
 def test_micro_batch_choice_and_indivisible_node_count():

@@ -43,8 +43,10 @@ def test_slurm_dryrun_writes_the_sbatch_script(nemo_home, tmp_path, capsys):
     cfg = fdl.build(partial.config)
     assert (partial.nodes, partial.gpus_per_node) == (4, 8)
     assert cfg.model.name == "eurobert-610m" and [p.objective.kind for p in cfg.phases] == ["clm", "mlm"]
-    # 2048-token sequences: micro batches of 6 (12 × 1024 tokens per forward), accumulated 12 times
-    assert cfg.phase_steps() == [11_000, 11_000] and (cfg.micro_batch_size, cfg.num_microbatches(32)) == (6, 12)
+    # the paper's random-length samples: micro batches of 12 (12 × 1030 tokens per forward on average), accumulated 6
+    # times
+    assert cfg.phase_steps() == [11_000, 11_000] and (cfg.micro_batch_size, cfg.num_microbatches(32)) == (12, 6)
+    assert cfg.data.random_length.max_length == 2048
     assert cfg.run_dir.startswith("/checkpoints/") and cfg.data.path.startswith("/data/")
     assert "experiment directory" in capsys.readouterr().out
 
