@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.eval.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
 from mlmclm.eval.protocol import PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records, run_grid
@@ -24,6 +25,8 @@ from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_
 from mlmclm.eval.smoke_tasks import write_smoke_tasks
 from mlmclm.eval.summary import write_summary
 from mlmclm.eval.tasks import TaskDataError, load_task_specs
+from mlmclm.train.checkpoint import CheckpointError
+from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
 
 def _suite(args) -> str:
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             if not records:
                 raise FileNotFoundError(f"{args.output}: no run JSONs under runs/")
             print(write_summary(records, args.output))
-    except (ValueError, FileNotFoundError, TaskDataError, ImportError) as err:
+    except (ValueError, FileNotFoundError, TaskDataError, ImportError, CheckpointError, CheckpointReadError,
+            UnsafeCheckpointError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -13,9 +13,11 @@ from mlmclm.convert.hf_source import SourceError
 from mlmclm.convert.output import OutputExistsError
 from mlmclm.convert.verify import VerificationError
 from mlmclm.train.checkpoint import CheckpointError
+from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
-USER_ERRORS = (CheckpointError, CheckpointReadError, UnsupportedModelError, SourceError, OutputExistsError,
-               VerificationError, ValueError, FileNotFoundError, NotADirectoryError, json.JSONDecodeError)
+USER_ERRORS = (CheckpointError, CheckpointReadError, UnsafeCheckpointError, UnsupportedModelError, SourceError,
+               OutputExistsError, VerificationError, ValueError, FileNotFoundError, NotADirectoryError,
+               json.JSONDecodeError)
 
 
 def run_cli(main: Callable[[], str]) -> int:

@@ -16,6 +16,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from mlmclm.model.hf_mapping import to_te_name
+from mlmclm.train import checkpoint_guard
+from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -50,15 +52,27 @@ class DistCheckpointReader:
         self.path = Path(path)
         if not (self.path / ".metadata").exists():
             raise CheckpointReadError(f"{self.path} has no .metadata: not a torch_dist checkpoint (or torn)")
+        checkpoint_guard.install()
         self._reader = FileSystemReader(str(self.path))
         try:
-            self._metadata = self._reader.read_metadata()
+            self._metadata = checkpoint_guard.read_metadata_file(self.path)
+        except UnsafeCheckpointError:
+            raise
         except Exception as err:  # a truncated/garbled .metadata
             raise CheckpointReadError(f"{self.path}/.metadata is unreadable: {type(err).__name__}: {err}") from err
         self._reader.set_up_storage_reader(self._metadata, is_coordinator=True)
         for relative in {info.relative_path for info in self._metadata.storage_data.values()}:
             if not (self.path / relative).exists():
                 raise CheckpointReadError(f"{self.path} is missing its data file {relative} (torn checkpoint)")
+        # Conversion reads no byte item, but a checkpoint holding a hostile one is refused here as everywhere else.
+        checkpoint_guard.refuse_legacy_common_file(self.path)
+        try:
+            checkpoint_guard.check_byte_items(self.path, self._metadata)
+        except UnsafeCheckpointError:
+            raise
+        except Exception as err:  # truncated or garbled data file
+            raise CheckpointReadError(f"{self.path}: cannot read its byte items: {type(err).__name__}: {err} "
+                                      f"(torn or corrupted checkpoint)") from err
 
     def _tensor_md(self, key: str) -> TensorStorageMetadata:
         md = self._metadata.state_dict_metadata.get(key)

@@ -26,7 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"error: invalid training config: {err}", file=sys.stderr)
         return 2
-    result = pretrain(cfg)
+    from mlmclm.train.checkpoint import CheckpointError
+    from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
+
+    try:
+        result = pretrain(cfg)
+    except (CheckpointError, UnsafeCheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     import os
 
     if os.environ.get("RANK", "0") == "0":

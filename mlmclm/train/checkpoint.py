@@ -7,8 +7,9 @@ Layout of a run's checkpoint directory:
     iter_0000100/rng/             per-rank RNG states (restored only on the same layout)
     latest_checkpointed_iteration.txt
 A checkpoint is written under a temporary name and renamed when every rank has finished, then `latest` is
-replaced atomically: a crash mid-save leaves the previous checkpoint as latest. Loading reads tensors through
-dist_checkpointing (torch's weights-only loader) and everything else from JSON: nothing is unpickled.
+replaced atomically: a crash mid-save leaves the previous checkpoint as latest. Loading runs no code stored in a
+checkpoint: tensors and byte items go through torch's weights-only loader, `.metadata` and TE's FP8 extra state
+through an allow-list unpickler (`checkpoint_guard`), the rest is JSON.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 
 from mlmclm.model.weights import unwrap
+from mlmclm.train import checkpoint_guard
+
+checkpoint_guard.install()
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +201,10 @@ def _load_strict(sharded: dict, path: Path, model_only: bool) -> dict:
     """dist_checkpointing.load, refusing any key mismatch except TE's `_extra_state` (both directions)."""
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
+    checkpoint_guard.check_checkpoint(path)
     state, in_checkpoint_only, requested_only = dist_checkpointing.load(
         sharded, str(path), strict=StrictHandling.RETURN_ALL)
+    _make_extra_states_safe(state, path)
     # "missing" in megatron's terms: stored, not asked for. A weights-only load leaves the optimizer's out.
     not_loaded = sorted(k for k in in_checkpoint_only
                         if not _is_extra_state(k) and not (model_only and k.startswith("optimizer.")))
@@ -209,6 +215,16 @@ def _load_strict(sharded: dict, path: Path, model_only: bool) -> dict:
             + (f"missing from the checkpoint: {_preview(not_found)}; " if not_found else "")
             + (f"in the checkpoint but not in this model: {_preview(not_loaded)}" if not_loaded else ""))
     return state
+
+
+def _make_extra_states_safe(state: dict, path: Path) -> None:
+    """TE's `set_extra_state` unpickles what it is given: hand it only re-serialised, allow-listed FP8 metadata."""
+    for model_key, model_state in state.items():
+        if not model_key.startswith("model"):
+            continue
+        for key, value in model_state.items():
+            if key.endswith(EXTRA_STATE_SUFFIX):
+                model_state[key] = checkpoint_guard.safe_extra_state(value, f"{path}: {key}")
 
 
 def _preview(keys: list[str], limit: int = 6) -> str:

@@ -328,3 +328,16 @@ def run_recording_documents(cfg_dict, record_path):
     pt.train_step, loader_module.PackedLoader.next_global_batch = train_step, next_global_batch
     _train(cfg_dict)
     torch.save({"seen": seen, "loader": batches, "switches": switches}, record_path)
+
+
+def run_each_reporting_errors(cfg_dicts, report_path):
+    """Each config in turn in this process; rank 0 writes every run's error (type, message) or None as a list."""
+    results = []
+    for cfg_dict in cfg_dicts:
+        try:
+            _train(cfg_dict)
+            results.append({"type": None, "message": ""})
+        except Exception as err:  # the test asserts on the type and message
+            results.append({"type": type(err).__name__, "message": str(err)})
+    if _rank0():
+        Path(report_path).write_text(json.dumps(results))

@@ -1,0 +1,148 @@
+"""Loading a checkpoint runs no code stored in it: hostile `.metadata` and byte items are refused by every reader
+(resume, init_from, convert_to_hf, its --verify loader), before their code runs, naming the file and the import;
+legitimate checkpoints and TE's FP8 extra state still load."""
+import importlib.util
+import io
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_scenarios as sc
+from hostile_checkpoints import CreatesFile, copy_checkpoint, plant_in_byte_item, plant_in_metadata
+from mlmclm.parallel.launch import spawn
+from mlmclm.train import checkpoint_guard
+from mlmclm.train.checkpoint_guard import UnsafeCheckpointError, safe_extra_state
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tool_main(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data):
+    """A tiny 1-rank run stopped after step 4, its latest checkpoint at step 3."""
+    run_dir = tmp_path_factory.mktemp("guard") / "run"
+    cfg = sc.config(run_dir, data)
+    spawn(sc.run_until, 1, cfg, sc.SWITCH)
+    return cfg, run_dir / "checkpoints" / "iter_0000003"
+
+
+HOSTILE = {"metadata": (plant_in_metadata, r"\.metadata: refused: its pickle imports posix\.system"),
+           "byte_item": (plant_in_byte_item, r"__0_0\.distcp: byte item 'common_state/shard_0_1'.*posix\.system")}
+
+
+def _hostile_copy(source: Path, where: Path, kind: str) -> tuple[Path, Path]:
+    marker = where / f"payload_ran_{kind}"
+    run_dir = where / f"hostile_{kind}"
+    HOSTILE[kind][0](copy_checkpoint(source, run_dir), marker)
+    return run_dir, marker
+
+
+def test_hostile_metadata_is_refused_by_torch_dcp_reader_itself(trained, tmp_path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    run_dir, marker = _hostile_copy(trained[1], tmp_path, "metadata")
+    checkpoint_guard.install()
+    with pytest.raises(UnsafeCheckpointError, match=HOSTILE["metadata"][1]):
+        FileSystemReader(str(run_dir / "checkpoints" / "iter_0000003")).read_metadata()
+    assert not marker.exists()
+
+
+def test_legitimate_metadata_reads_as_pickle_reads_it(trained):
+    guarded = checkpoint_guard.read_metadata_file(trained[1])
+    plain = pickle.loads((trained[1] / ".metadata").read_bytes())  # our own file, written by this test
+    assert guarded.state_dict_metadata == plain.state_dict_metadata
+    assert guarded.storage_data == plain.storage_data
+
+
+def test_resume_and_init_from_refuse_hostile_checkpoints_and_write_nothing(trained, data, tmp_path):
+    cfg, source = trained
+    attempts, markers, expected = [], [], []
+    for kind in HOSTILE:
+        run_dir, marker = _hostile_copy(source, tmp_path, kind)
+        attempts.append({**cfg, "run_dir": str(run_dir)})  # resume: the run's own latest checkpoint
+        fresh = tmp_path / f"init_from_{kind}"
+        attempts.append({**sc.config(fresh, data), "checkpoint": {"save_interval": 3,
+                                                                 "init_from": str(run_dir / "checkpoints")}})
+        markers.append(marker)
+        expected += [HOSTILE[kind][1]] * 2
+    report = tmp_path / "report.json"
+    spawn(sc.run_each_reporting_errors, 1, attempts, str(report))
+    results = json.loads(report.read_text())
+    for attempt, result, pattern in zip(attempts, results, expected):
+        assert result["type"] == "UnsafeCheckpointError", (attempt["run_dir"], result)
+        assert re.search(pattern, result["message"]), result["message"]
+        checkpoints = sorted(p.name for p in (Path(attempt["run_dir"]) / "checkpoints").glob("iter_*"))
+        assert checkpoints in ([], ["iter_0000003"])  # nothing saved by the refused run
+    assert not [m for m in markers if m.exists()]
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_convert_to_hf_and_verify_refuse_hostile_checkpoints(trained, tmp_path, capsys, kind):
+    run_dir, marker = _hostile_copy(trained[1], tmp_path, kind)
+    for extra in ([], ["--verify"]):
+        out = tmp_path / f"hf{len(extra)}"
+        assert tool_main("convert_to_hf")([str(run_dir), str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert re.search(HOSTILE[kind][1], err), err
+        assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}")]
+    assert not marker.exists()
+
+
+def test_verify_logits_loader_refuses_a_hostile_checkpoint(trained, tmp_path):
+    """--verify's own loader (megatron's, in a fresh process) refuses too, not only the conversion before it."""
+    from mlmclm.convert.to_hf import ExportConfig, convert_to_hf, open_checkpoint
+    from mlmclm.convert.verify import compare_logits
+
+    export = tmp_path / "hf"
+    convert_to_hf(ExportConfig(trained[1], export, progress=False))
+    model = open_checkpoint(trained[1]).model
+    for kind in HOSTILE:
+        run_dir, marker = _hostile_copy(trained[1], tmp_path, kind)
+        with pytest.raises(Exception, match="UnsafeCheckpointError"):
+            compare_logits(run_dir / "checkpoints" / "iter_0000003", export, model)
+        assert not marker.exists()
+
+
+def test_a_legacy_common_file_is_refused(trained, tmp_path):
+    from mlmclm.train.checkpoint import resolve_checkpoint
+
+    copy = copy_checkpoint(trained[1], tmp_path / "legacy")
+    torch.save({"x": 1}, copy / "common.pt")
+    with pytest.raises(UnsafeCheckpointError, match="common.pt: refused"):
+        checkpoint_guard.refuse_legacy_common_file(resolve_checkpoint(tmp_path / "legacy"))
+
+
+def _te_extra_state(state) -> torch.Tensor:
+    """What TE's `get_extra_state` returns: its FP8 metadata pickled into a byte tensor."""
+    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+
+def test_te_extra_state_is_handed_over_re_serialised_and_hostile_ones_refused(tmp_path):
+    fp8_meta = {"scale_fwd": torch.ones(3), "amax_history_fwd": torch.arange(12.0).reshape(4, 3),
+                "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True, "shape": (1, 2), "xs": [0.5]}}
+    safe = safe_extra_state(_te_extra_state(fp8_meta), "ckpt: layer._extra_state")
+    decoded = pickle.loads(safe.numpy().tobytes())  # what TE's set_extra_state does with it
+    assert decoded.keys() == fp8_meta.keys() and decoded["extra_fp8_variables"] == fp8_meta["extra_fp8_variables"]
+    assert all(torch.equal(decoded[k], fp8_meta[k]) for k in ("scale_fwd", "amax_history_fwd"))
+
+    marker = tmp_path / "payload_ran"
+    for hostile in ({"scale_fwd": CreatesFile(marker)}, CreatesFile(marker)):
+        with pytest.raises(UnsafeCheckpointError, match=r"ckpt: layer\._extra_state: refused.*posix\.system"):
+            safe_extra_state(_te_extra_state(hostile), "ckpt: layer._extra_state")
+    buffer = io.BytesIO()
+    torch.save(CreatesFile(marker), buffer)  # older TE: a torch.save'd BytesIO
+    with pytest.raises(UnsafeCheckpointError, match="weights-only loader"):
+        safe_extra_state(buffer, "ckpt: layer._extra_state")
+    assert not marker.exists()
+    raw = torch.tensor(list(b"not-a-pickle"), dtype=torch.uint8)
+    assert safe_extra_state(raw, "x") is raw and safe_extra_state(None, "x") is None
