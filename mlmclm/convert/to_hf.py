@@ -192,6 +192,10 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
     ]
     if converted:
         lines.append(f"- converted from Hugging Face: `{json.dumps(converted, sort_keys=True)}`")
+    branched = ts.get("branched_from")
+    if isinstance(branched, dict):  # mlmclm.train.branch: the steps up to the branch point are the parent's
+        lines.append(f"- branched at step {branched.get('step')} from `{branched.get('checkpoint')}` (its full state; "
+                     f"this run's own plan after that step)")
     if rows:
         lines += ["", "## Objective phases", "", "| # | name | objective | length |", "|---|---|---|---|", *rows]
     held_out = [v for v in ts.get("validation") or [] if isinstance(v, dict)]

@@ -163,8 +163,8 @@ def read_metadata_file(path: str | Path):
 def safe_extra_state(value, source: str):
     """A TE `_extra_state` value that TE's own loader can unpickle without running stored code.
 
-    Byte tensors (TE ≥ 1.x) are decoded with the allow-list and re-pickled from what was decoded; BytesIO (older TE) is
-    read and re-saved with torch's weights-only loader. A value that does not decode at all is returned unchanged: a
+    Byte tensors (TE ≥ 1.x) are decoded with the allow-list and re-pickled from what was decoded; BytesIO (older TE)
+    is read and re-saved with torch's weights-only loader. A value that does not decode at all is returned unchanged: a
     pickle reader fails on it exactly where ours did, having imported nothing that ours refused.
     """
     if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.numel() > 0:

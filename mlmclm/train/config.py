@@ -64,8 +64,23 @@ class CheckpointConfig:
     # Fields (dotted prefixes) a resume may change although the run then no longer continues exactly, e.g.
     # [total_steps, phases, schedule] to extend a run. What may always change is listed in train/resume_check.py.
     allow_resume_changes: list[str] | str = field(default_factory=list)  # a str is split on commas
+    # A branch (mlmclm.train.branch): start from the parent run's checkpoint of step `branch_step` with its full
+    # state (weights, optimizer, schedule position, data position, RNG), then follow this config's plan.
+    branch_from: str | None = None  # the parent's run directory (or its checkpoints or iter_* directory)
+    branch_step: int | None = None
+    keep_steps: list[int] = field(default_factory=list)  # also save at these steps, never pruned (children's branches)
+    stop_at: int | None = None  # end this job after saving at this step (a segment); a resume continues the run
 
     def __post_init__(self):
+        if (self.branch_from is None) != (self.branch_step is None):
+            raise ValueError("checkpoint.branch_from and checkpoint.branch_step go together (the parent and the step)")
+        if self.branch_from is not None and self.init_from is not None:
+            raise ValueError("checkpoint.branch_from and checkpoint.init_from exclude each other: a branch continues "
+                             "the parent's full state, init_from takes its weights only")
+        for name, value in (("branch_step", self.branch_step), ("stop_at", self.stop_at),
+                            *(("keep_steps", s) for s in self.keep_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"checkpoint.{name} must hold steps >= 1, got {value!r}")
         if isinstance(self.allow_resume_changes, str):  # `checkpoint.allow_resume_changes=[a,b]` on a command line
             self.allow_resume_changes = [f.strip() for f in self.allow_resume_changes.strip("[]").split(",")
                                          if f.strip()]
@@ -159,6 +174,12 @@ class TrainConfig:
             raise ValueError(f"validation.samples {self.validation.samples} is not a multiple of micro_batch_size "
                              f"{self.micro_batch_size}")
         self.phase_steps()  # validates that the phases fill the run exactly
+        for name, step in (("branch_step", self.checkpoint.branch_step), ("stop_at", self.checkpoint.stop_at)):
+            if step is not None and step >= self.total_steps:
+                raise ValueError(f"checkpoint.{name} {step} must be < total_steps {self.total_steps}")
+        if any(step > self.total_steps for step in self.checkpoint.keep_steps):
+            raise ValueError(f"checkpoint.keep_steps {self.checkpoint.keep_steps} must be <= total_steps "
+                             f"{self.total_steps}")
         self.schedule.check(self.total_steps)
         self.model.validate_layout(self.parallel)
 

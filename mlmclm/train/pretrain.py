@@ -18,6 +18,7 @@ from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
 from mlmclm.train import checkpoint as ckpt
+from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.logger import MetricsLogger
@@ -37,7 +38,7 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass
 class RunResult:
-    status: str  # "completed" or "preempted"
+    status: str  # "completed", "preempted" or "segment_done" (checkpoint.stop_at)
     steps: int
     consumed_tokens: int
     final_losses: dict[str, float] = field(default_factory=dict)  # last loss of each objective phase
@@ -181,6 +182,7 @@ class _Run:
         configure_model_for_schedules(self.ddp, self.optimizer)
         self.iteration, self.consumed_tokens, self.consecutive_nonfinite = 0, 0, 0
         self.checkpoints: list[str] = []
+        self.branched_from: dict | None = None  # parent checkpoint and step, when this run is a branch
         self._restore()
 
     # --- start: resume this run, or initialise weights from another checkpoint -----------------------------
@@ -192,18 +194,32 @@ class _Run:
             saved_state = ckpt.read_json(latest, ckpt.TRAIN_STATE)
             check_resume_compatible(saved_cfg, saved_state, cfg.to_dict(), cfg.checkpoint.allow_resume_changes,
                                     self.manifest, str(latest))
-            train_state = ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler)
-            self.iteration = train_state["iteration"]
-            self.consumed_tokens = train_state["consumed_tokens"]
-            self.consecutive_nonfinite = train_state.get("consecutive_nonfinite", 0)
-            self.validations = train_state.get("validation", [])
-            self.loader.load_state_dict(train_state["loader"])
+            self._continue_from(ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler))
             self._info(f"resumed {latest} at step {self.iteration} ({self.consumed_tokens} tokens)")
+        elif cfg.checkpoint.branch_from:
+            source = branch_source(cfg.checkpoint.branch_from, cfg.checkpoint.branch_step)
+            check_branch(ckpt.read_json(source, ckpt.RUN_CONFIG), ckpt.read_json(source, ckpt.TRAIN_STATE), cfg,
+                         self.manifest, str(source))
+            own_plan = self.scheduler.state_dict()
+            self._continue_from(ckpt.load_full_state(source, self.ddp, self.optimizer, self.scheduler))
+            follow_own_schedule(self.scheduler, own_plan)
+            self.branched_from = {"checkpoint": str(source), "step": self.iteration}
+            self._info(f"branched from {source} at step {self.iteration} ({self.consumed_tokens} tokens): its full "
+                       f"state, this config's plan from here on")
         elif cfg.checkpoint.init_from:
             source = ckpt.resolve_checkpoint(cfg.checkpoint.init_from)
             check_same_shape(ckpt.read_json(source, ckpt.RUN_CONFIG)["model"], cfg.model, str(source))
             ckpt.load_weights(source, self.ddp, self.optimizer)
             self._info(f"initialised weights from {source} (fresh optimizer, schedule and data position)")
+
+    def _continue_from(self, train_state: dict) -> None:
+        """The counters, data position and history of a loaded checkpoint (this run's own, or a branch's parent)."""
+        self.iteration = train_state["iteration"]
+        self.consumed_tokens = train_state["consumed_tokens"]
+        self.consecutive_nonfinite = train_state.get("consecutive_nonfinite", 0)
+        self.validations = train_state.get("validation", [])
+        self.branched_from = train_state.get("branched_from")
+        self.loader.load_state_dict(train_state["loader"])
 
     def _info(self, message: str) -> None:
         if self.rank0:
@@ -214,7 +230,8 @@ class _Run:
                 "consumed_samples": self.loader.consumed_samples, "phase_index": phase_index,
                 "phase_name": self.cfg.phases[phase_index].name, "loader": self.loader.state_dict(),
                 "consecutive_nonfinite": self.consecutive_nonfinite, "tokenizer": self.manifest.tokenizer,
-                "seq_length": self.seq, "total_steps": self.cfg.total_steps, "validation": self.validations}
+                "seq_length": self.seq, "total_steps": self.cfg.total_steps, "validation": self.validations,
+                "branched_from": self.branched_from}
 
     def _save(self, phase_index: int, keep: bool) -> None:
         run_config = self.cfg.to_dict()
@@ -244,8 +261,10 @@ class _Run:
         peak = _peak_tflops(cfg)
         current, objective, flops_per_step = None, None, 0.0
         status = "completed"
+        # A segment (checkpoint.stop_at) ends early, saved; a requeued segment that already got there trains nothing.
+        end = min(cfg.total_steps, cfg.checkpoint.stop_at or cfg.total_steps)
         try:
-            while self.iteration < cfg.total_steps:
+            while self.iteration < end:
                 phase_index = cfg.phase_at(self.iteration)
                 phase = cfg.phases[phase_index]
                 if phase_index != current:
@@ -295,8 +314,13 @@ class _Run:
                                 self.iteration)
                     status = "preempted"
                     break
-                if phase_end or periodic:
-                    self._save(phase_index, keep=phase_end)
+                keep = phase_end or self.iteration in cfg.checkpoint.keep_steps  # children branch from these
+                if keep or periodic or self.iteration == cfg.checkpoint.stop_at:
+                    self._save(phase_index, keep=keep)
+            if status == "completed" and self.iteration < cfg.total_steps:
+                status = "segment_done"
+                logger.text("run", f"segment ends at step {self.iteration} (checkpoint.stop_at): saved; a resume "
+                                   f"continues the run", self.iteration)
             logger.hparams({"model": cfg.model.name, "phases": "→".join(p.name for p in cfg.phases),
                             "total_steps": cfg.total_steps, "global_batch_size": cfg.global_batch_size,
                             "lr": cfg.optimizer.lr},

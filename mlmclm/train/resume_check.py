@@ -68,16 +68,7 @@ def changed_fields(saved_config: dict, config: dict) -> dict[str, tuple]:
 def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict, allowed: list[str],
                             manifest: Manifest, where: str) -> None:
     """Raise `IncompatibleCheckpointError` naming the first change that would make the resume inexact."""
-    saved_tok = saved_state.get("tokenizer", {})
-    if saved_tok.get("vocab_hash") != manifest.tokenizer.get("vocab_hash"):
-        raise IncompatibleCheckpointError(
-            f"{where}: tokenizer.vocab_hash differs: checkpoint {saved_tok.get('name')!r} "
-            f"({str(saved_tok.get('vocab_hash'))[:12]}) vs data {manifest.tokenizer.get('name')!r} "
-            f"({str(manifest.tokenizer.get('vocab_hash'))[:12]})")
-    if saved_state.get("seq_length") != manifest.seq_length:
-        raise IncompatibleCheckpointError(
-            f"{where}: seq_length is {saved_state.get('seq_length')} in the checkpoint but {manifest.seq_length} "
-            f"in the data")
+    check_same_data_identity(saved_state, manifest, where)
     for field, (old, new) in changed_fields(saved_config, config).items():
         if _covered(field, FREE_ON_RESUME):
             continue
@@ -88,3 +79,17 @@ def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict,
         raise IncompatibleCheckpointError(
             f"{where}: {field} is {old!r} in the checkpoint but {new!r} here; resuming would not continue the same "
             f"run. To change it on purpose, allow it: checkpoint.allow_resume_changes=[{field}]")
+
+
+def check_same_data_identity(saved_state: dict, manifest: Manifest, where: str) -> None:
+    """The checkpoint was trained on data with this tokenizer and sequence length."""
+    saved_tok = saved_state.get("tokenizer", {})
+    if saved_tok.get("vocab_hash") != manifest.tokenizer.get("vocab_hash"):
+        raise IncompatibleCheckpointError(
+            f"{where}: tokenizer.vocab_hash differs: checkpoint {saved_tok.get('name')!r} "
+            f"({str(saved_tok.get('vocab_hash'))[:12]}) vs data {manifest.tokenizer.get('name')!r} "
+            f"({str(manifest.tokenizer.get('vocab_hash'))[:12]})")
+    if saved_state.get("seq_length") != manifest.seq_length:
+        raise IncompatibleCheckpointError(
+            f"{where}: seq_length is {saved_state.get('seq_length')} in the checkpoint but {manifest.seq_length} "
+            f"in the data")

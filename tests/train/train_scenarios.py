@@ -331,12 +331,13 @@ def run_recording_documents(cfg_dict, record_path):
 
 
 def run_each_reporting_errors(cfg_dicts, report_path):
-    """Each config in turn in this process; rank 0 writes every run's error (type, message) or None as a list."""
+    """Each config in turn in this process; rank 0 writes, per run, its error (type, message) or its status and
+    steps."""
     results = []
     for cfg_dict in cfg_dicts:
         try:
-            _train(cfg_dict)
-            results.append({"type": None, "message": ""})
+            result = _train(cfg_dict)
+            results.append({"type": None, "message": "", "status": result.status, "steps": result.steps})
         except Exception as err:  # the test asserts on the type and message
             results.append({"type": type(err).__name__, "message": str(err)})
     if _rank0():
