@@ -1,9 +1,11 @@
 """`make demo`: the main job end to end on the embedded corpus, on CPU, offline — and what it learned.
 
-1. pack the embedded corpus (all works but one, held back) with the embedded tokenizer; its unigram entropy is the
-   loss of a model that knows word frequencies and nothing else;
+1. pack the embedded corpus (all works but one, held back) with the embedded tokenizer, every 8th work as the
+   validation split; the training text's unigram entropy is the loss of a model that knows word frequencies and
+   nothing else;
 2. train a tiny EuroBERT with the `tiny_clm_mlm` recipe on 2 torchrun processes (data parallel, distributed
-   optimizer, over gloo) through NeMo-Run's local executor: CLM for the first 25 % of the steps, then MLM;
+   optimizer, over gloo) through NeMo-Run's local executor: CLM for the first 25 % of the steps, then MLM; the
+   validation split's CLM and MLM losses every 25 steps, whatever the phase;
 3. export the CLM phase-end and the final checkpoints to Hugging Face EuroBERT, plus a random-initialised model of
    the same shape as the baseline;
 4. fill-mask on lines of the held-back work: masked-token loss of the three models, and a few examples;
@@ -33,10 +35,17 @@ CLM_SHARE = 0.25
 DEMO_OVERRIDES = ("tensor_parallel=1", "global_batch_size=8", "micro_batch_size=4", "optimizer.lr=2e-3",
                   "mask_ratio=0.15", f"clm_share={CLM_SHARE}")
 HELD_BACK_PASSAGES = 60  # passages of 6 lines of the held-back work scored by fill-mask
+VALIDATION_EVERY = 8  # every 8th work (4 of the 41 training works) is the validation split
 # Smoke tasks the demo's models learn within the smoke budget (mlmclm/eval/smoke.py). smoke_which_play and
 # smoke_speech_halves stay at chance for every model at this size (4 layers, 128 wide, 400 steps): they are left to
 # `tools/evaluate.py grid --smoke`, where they check that the classification and retrieval paths run.
 DEMO_SMOKE_TASKS = ("smoke_speaker_names", "smoke_named_character")
+
+
+def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
+    """step → the held-out CLM and MLM losses logged at that step."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: {k: row[k] for k in ("val/clm/loss", "val/mlm/loss")} for row in rows if "val/clm/loss" in row}
 
 
 def _say(console, text: str = "") -> None:
@@ -45,14 +54,16 @@ def _say(console, text: str = "") -> None:
 
 
 def corpus_split(tokenizer) -> tuple[int, str, Counter]:
-    """Tokens of every work but the last (the training data: BOS + text + EOS each), the held-back work's text,
-    and the token counts of the training text."""
+    """Tokens of every work but the last and the validation works (the training data: BOS + text + EOS each), the
+    held-back work's text, and the token counts of the training text."""
     from mlmclm.data.corpus import load_works
 
     works = load_works()
     counts: Counter = Counter()
     total = 0
-    for work in works[:-1]:
+    for index, work in enumerate(works[:-1]):
+        if index % VALIDATION_EVERY == VALIDATION_EVERY - 1:   # prepare_data's rule: the validation split
+            continue
         ids = tokenizer(work.text, add_special_tokens=False)["input_ids"]
         counts.update(ids)
         total += len(ids) + 2
@@ -202,7 +213,7 @@ def fill_mask_examples(model_dir: Path, passages: list[str], top: int = 3) -> li
 
 
 def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], target: Path) -> Path:
-    """Left: training loss per step with the switch and the unigram entropy. Right: smoke test scores per model."""
+    """Left: training loss per step, the validation losses, the unigram entropy. Right: smoke test scores per model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,9 +225,13 @@ def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], targ
         points = [(r["step"], r[f"train/{phase}/loss"]) for r in rows if r["phase"] == phase]
         if points:
             left.plot(*zip(*points), label=f"{phase.upper()} loss", lw=0.8)
+    for kind, style in (("clm", "o-"), ("mlm", "s-")):
+        held_out = [(step, v[f"val/{kind}/loss"]) for step, v in validation_losses(run_dir).items()]
+        if held_out:
+            left.plot(*zip(*held_out), style, ms=3, lw=1, label=f"validation {kind.upper()}")
     left.axhline(entropy, color="k", ls="--", lw=1, label=f"unigram entropy {entropy:.2f}")
     left.set_xlabel("step"), left.set_ylabel("nats per predicted token"), left.set_ylim(top=max(entropy + 2, 7))
-    left.set_title("training loss (a model that learned only word frequencies sits on the dashed line)")
+    left.set_title("training loss; held-out CLM and MLM-40 % loss (word frequencies alone: the dashed line)")
     left.title.set_fontsize(9)
     left.legend()
     models, tasks = list(smoke), sorted({t for scores in smoke.values() for t in scores})
@@ -265,9 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     _say(console, f"[1/5] packing the embedded corpus (all works but {held_back.title!r}, held back) → {out / 'data'}")
     from mlmclm.data.manifest import Manifest
 
-    manifest = Manifest.load(str(prepare_tiny_data(str(out / "data"), max_tokens=train_tokens)))
+    manifest = Manifest.load(str(prepare_tiny_data(str(out / "data"), max_tokens=train_tokens,
+                                                   validation_every=VALIDATION_EVERY)))
     _say(console, f"      {manifest.num_samples} sequences of {manifest.seq_length} tokens ({manifest.num_tokens} "
-                  f"tokens); unigram entropy {entropy:.3f} nats/token")
+                  f"tokens); unigram entropy {entropy:.3f} nats/token; validation split: every "
+                  f"{VALIDATION_EVERY}th work, {manifest.validation['num_documents']} works, "
+                  f"{manifest.validation['num_tokens']} tokens")
 
     run_dir = out / "run"
     log_file = out / "nemo_run.log"
@@ -293,6 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     _say(console, f"      loss over the last 10 % of each phase: CLM {losses['clm']:.3f}, MLM {losses['mlm']:.3f}; "
                   f"unigram entropy {entropy:.3f} → MLM {entropy - losses['mlm']:+.3f} nats below it"
                   f" ({'goal ≥ 0.5 met' if entropy - losses['mlm'] >= 0.5 else 'goal ≥ 0.5 NOT met'})")
+    from mlmclm.train.config import ValidationConfig
+
+    held_out = validation_losses(run_dir)
+    _say(console, f"      validation on the held-out works (the same samples each time; MLM at "
+                  f"{ValidationConfig().mask_ratio:.0%} masking, whatever the phase trains):")
+    shown = set(sorted(held_out)[::max(1, len(held_out) // 6)]) | {round(args.steps * CLM_SHARE), args.steps}
+    for step in sorted(shown & set(held_out)):   # a few, the CLM phase end and the last
+        _say(console, f"        step {step:>4}: CLM {held_out[step]['val/clm/loss']:.3f}, "
+                      f"MLM {held_out[step]['val/mlm/loss']:.3f}")
     _say(console, f"      TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
 
     _say(console, "[3/5] exporting to Hugging Face EuroBERT: CLM phase end, final, and a random-initialised baseline")

@@ -15,7 +15,7 @@ from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
 from mlmclm.parallel.runtime import ParallelConfig
-from mlmclm.train.config import CheckpointConfig, DataConfig, LoggingConfig, PhaseConfig, TrainConfig
+from mlmclm.train.config import CheckpointConfig, DataConfig, LoggingConfig, PhaseConfig, TrainConfig, ValidationConfig
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
 from recipes.entry import pretrain_entry
 
@@ -125,6 +125,7 @@ def train_partial(
     log_interval: int = 10,
     seed: int = 1234,
     random_length: tuple[int, int] | None = None,
+    validation_interval: int = 1000,
 ) -> run.Partial:
     """The common base: every recipe is this with its own arguments; validated before it is returned."""
     if nodes < 1 or gpus_per_node < 1:
@@ -154,6 +155,8 @@ def train_partial(
         precision=run.Config(PrecisionConfig, dtype="auto", fp8="hybrid" if fp8 else None, fp8_attention="auto"),
         checkpoint=run.Config(CheckpointConfig, save_interval=save_interval, init_from=init_from),
         logging=run.Config(LoggingConfig, log_interval=log_interval),
+        # On the split the data's manifest records (prepare_data --validation-every K); none recorded: no validation.
+        validation=run.Config(ValidationConfig, interval=validation_interval),
         seed=seed,
         use_te=True if fp8 else None,  # FP8 needs TE layers; without FP8, TE is used when importable
         # The paper attends across the documents inside a sample (random-length samples confine attention to each

@@ -26,7 +26,7 @@ def _tiny(run_name: str, phases: list[Phase], *, steps: int, processes: int, dat
         total_steps=steps, global_batch_size=8, nodes=1, gpus_per_node=processes, data_path=data_path,
         run_dir=run_dir or f"{TINY_RUN_ROOT}/{run_name}", tokenizer="embedded", warmup_steps=warmup_steps,
         decay_steps=decay_steps, lr=1e-3, init_from=init_from, fp8=False, max_micro_batch=2,
-        save_interval=max(1, steps // 2), log_interval=2)
+        save_interval=max(1, steps // 2), log_interval=2, validation_interval=max(1, steps // 16))
 
 
 def tiny_clm_mlm(steps: int = 20, clm_share: float = 0.25, mask_ratio: float = 0.4, processes: int = 2,
@@ -53,8 +53,10 @@ def tiny_mlm(steps: int = 20, mask_ratio: float = 0.4, processes: int = 2, data_
                  warmup_steps=max(1, steps // 10), decay_steps=max(1, steps // 5), init_from=init_from)
 
 
-def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MAX_TOKENS) -> Path:
-    """The embedded demo corpus, packed for the tiny recipes; reused when a manifest is already there.
+def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MAX_TOKENS,
+                      validation_every: int | None = None) -> Path:
+    """The embedded demo corpus, packed for the tiny recipes (with `validation_every`, every K-th work held out as
+    the validation split); reused when a manifest is already there.
 
     Only a missing or empty directory is written into: anything else without a manifest is someone's data."""
     from mlmclm.data.prepare import prepare_embedded_corpus
@@ -64,5 +66,6 @@ def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MA
         if path.is_file() or (path.is_dir() and any(path.iterdir())):
             raise ValueError(f"{path} is not empty and not a dataset (no manifest.json): refusing to prepare the "
                              f"embedded corpus into it")
-        prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=max_tokens, progress=False)
+        prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=max_tokens, progress=False,
+                                validation_every=validation_every)
     return path

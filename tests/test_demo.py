@@ -28,6 +28,11 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
 
     steps = [json.loads(line)["step"] for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
+    # Held-out losses of both objectives beside the training ones, on the split the demo's data holds out.
+    assert json.loads((out / "data" / "manifest.json").read_text())["validation"]["num_documents"] == 5
+    assert "validation on the held-out works" in console and "step    8: CLM " in console
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/mlm/loss" in r and "val/clm/loss" in r] == steps  # 8 steps: every one
     for name in ("iter_0000002", "iter_0000008", "random_init"):  # CLM phase end, final, baseline
         model = AutoModelForMaskedLM.from_pretrained(out / "hf" / name)
         tokenizer = AutoTokenizer.from_pretrained(out / "hf" / name)
