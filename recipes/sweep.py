@@ -8,12 +8,18 @@
 The plan lists every run (steps per phase, tokens, GPU-hours from `mlmclm.flops` at a stated MFU) and its state.
 Finished runs (latest checkpoint = total steps) are skipped; unfinished ones are launched again and resume from
 their run directory. A run that continues another's decayed checkpoint (`after`) depends on it: on Slurm through
-an `afterok` dependency, locally by running after it. `key=value` items are recipe parameters for every run that
-takes them (`nodes=12`) or `executor.KEY=VALUE`.
+an `afterok` dependency, locally by running after it. A branch (`branch_of`, mlmclm.train.branch) starts from its
+parent's checkpoint at the branch step with the parent's full state: the parent keeps those checkpoints
+(`checkpoint.keep_steps`) and runs as segments that end at them (`checkpoint.stop_at`), one job each, chained;
+each branch depends on the segment that writes its checkpoint (Slurm `afterok`; locally, it runs after it), so it
+starts as soon as that checkpoint exists and trains only its own steps after it. `--plan` prices the grid with
+branching beside without. `key=value` items are recipe parameters for every run that takes them (`nodes=12`) or
+`executor.KEY=VALUE`.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import fnmatch
 import sys
 import warnings
@@ -24,6 +30,7 @@ import nemo_run as run
 
 from mlmclm import flops
 from mlmclm.config_io import parse_value
+from mlmclm.train.branch import check_branch_plan
 from recipes import grid as grids
 from recipes import launch, registry
 from recipes.base import PAPER_RUN_ROOT, tokens_per_sample, validate
@@ -41,8 +48,11 @@ class PlannedRun:
     phases: list[tuple[str, int]]  # (objective, steps)
     total_steps: int
     tokens: float
-    gpu_hours: float
+    gpu_hours: float  # the whole run's, as if trained from step 0
+    own_gpu_hours: float  # the steps this run trains itself: after the branch step for a branch
     state: str  # "new", "partial N/M", "finished", "unknown" (run dir not visible from here)
+    checkpointed: int | None = None  # its latest checkpoint's step, where visible
+    host_dir: Path | None = None
 
     @property
     def finished(self) -> bool:
@@ -99,6 +109,16 @@ def _step_flops(cfg, seq_length: int, causal: bool) -> float:
                                                 cfg.global_batch_size, causal=causal)
 
 
+def _flops_after(cfg, seq_length: int, phases: list[tuple[str, int]], start: int) -> float:
+    """Model FLOPs of the steps from `start` on."""
+    total, begin = 0.0, 0
+    for kind, steps in phases:
+        end = begin + steps
+        total += max(0, end - max(begin, start)) * _step_flops(cfg, seq_length, kind == "clm")
+        begin = end
+    return total
+
+
 def build_plan(grid_name: str, *, params: dict | None = None,
                run_root: str | None = None, data_path: str | None = None, checkpoint_dir: str | None = None,
                mfu: float = DEFAULT_MFU, peak: str = DEFAULT_PEAK) -> list[PlannedRun]:
@@ -123,16 +143,44 @@ def build_plan(grid_name: str, *, params: dict | None = None,
         if entry.after:
             values["init_from"] = run_dirs[entry.after]
         partial = recipe.build(**values)
+        if entry.branch_of:
+            partial.config.checkpoint.branch_from = run_dirs[entry.branch_of]
+            partial.config.checkpoint.branch_step = entry.branch_step
         cfg = validate(partial)
         steps = cfg.phase_steps()
         phases = [(p.objective.kind, s) for p, s in zip(cfg.phases, steps)]
         seq = recipe.seq_length
-        total_flops = sum(s * _step_flops(cfg, seq, kind == "clm") for kind, s in phases)
-        gpu_hours = total_flops / (mfu * peak_flops) / 3600
-        state = run_state(host_run_dir(cfg.run_dir, checkpoint_dir), cfg.total_steps)
+        to_hours = 1 / (mfu * peak_flops) / 3600
+        host_dir = host_run_dir(cfg.run_dir, checkpoint_dir)
         planned.append(PlannedRun(entry, partial, phases, cfg.total_steps, cfg.total_steps * cfg.global_batch_size
-                                  * tokens_per_sample(cfg, seq), gpu_hours, state))
+                                  * tokens_per_sample(cfg, seq), _flops_after(cfg, seq, phases, 0) * to_hours,
+                                  _flops_after(cfg, seq, phases, entry.branch_step or 0) * to_hours,
+                                  run_state(host_dir, cfg.total_steps),
+                                  None if host_dir is None else _checkpointed_step(host_dir), host_dir))
+    _plan_branches(planned)
     return planned
+
+
+def _plan_branches(planned: list[PlannedRun]) -> None:
+    """Each parent keeps its children's branch checkpoints; each branch is checked against its parent now (the
+    trainer checks again against the checkpoint): a grid whose branches would not be exact is refused here."""
+    by_name = {p.entry.name: p for p in planned}
+    for name, points in branch_points(planned).items():
+        by_name[name].partial.config.checkpoint.keep_steps = points
+    for child in planned:
+        if child.entry.branch_of:
+            parent = by_name[child.entry.branch_of]
+            check_branch_plan(validate(parent.partial), validate(child.partial), child.entry.branch_step,
+                              f"{child.entry.name} (a branch of {parent.entry.name})")
+
+
+def branch_points(planned: list[PlannedRun]) -> dict[str, list[int]]:
+    """parent name → the sorted steps its runs in `planned` branch from."""
+    points: dict[str, set[int]] = {}
+    for p in planned:
+        if p.entry.branch_of:
+            points.setdefault(p.entry.branch_of, set()).add(p.entry.branch_step)
+    return {name: sorted(steps) for name, steps in points.items()}
 
 
 def select(planned: list[PlannedRun], only: list[str] | None) -> list[PlannedRun]:
@@ -146,7 +194,8 @@ def select(planned: list[PlannedRun], only: list[str] | None) -> list[PlannedRun
 
 
 def to_launch(planned: list[PlannedRun], all_runs: list[PlannedRun] | None = None) -> list[PlannedRun]:
-    """The unfinished runs, refusing one whose parent is neither finished nor launched with it."""
+    """The unfinished runs, refusing one whose parent is neither finished (its branch checkpoint written, for a
+    branch) nor launched with it."""
     launching = [p for p in planned if not p.finished]
     names = {p.entry.name for p in launching}
     states = {p.entry.name: p for p in (all_runs or planned)}
@@ -155,7 +204,68 @@ def to_launch(planned: list[PlannedRun], all_runs: list[PlannedRun] | None = Non
         if parent and parent not in names and not (parent in states and states[parent].finished):
             raise ValueError(f"{p.entry.name} continues {parent}, which has not finished and is not selected; "
                              f"add it to --only (or let it finish first)")
+        parent = p.entry.branch_of
+        if parent and parent not in names and not _branch_checkpoint_written(states.get(parent), p):
+            raise ValueError(f"{p.entry.name} branches from {parent} at step {p.entry.branch_step}, whose checkpoint "
+                             f"is not written and which is not selected; add it to --only")
     return launching
+
+
+def _branch_checkpoint_written(parent: PlannedRun | None, child: PlannedRun) -> bool:
+    if parent is None or parent.host_dir is None:
+        return False
+    return (parent.host_dir / "checkpoints" / f"iter_{child.entry.branch_step:07d}" / "train_state.json").exists()
+
+
+@dataclass
+class Job:
+    """One job of a launch: a run, or a segment of a parent run ending at a branch point."""
+    name: str
+    run: PlannedRun
+    partial: run.Partial
+    after: list[str]  # the jobs it waits for
+
+
+def segment_name(run_name: str, step: int) -> str:
+    return f"{run_name}-until-{step}"
+
+
+def launch_jobs(runs: list[PlannedRun]) -> list[Job]:
+    """The jobs and their dependencies: a parent of branches in `runs` becomes a chain of segments ending at its
+    branch points (not yet reached ones; the last segment carries the run's own name), a branch waits for the
+    segment that writes its checkpoint, a continued run for its parent's last job."""
+    points = branch_points(runs)
+    jobs: list[Job] = []
+    writer: dict[tuple[str, int | None], str] = {}  # (run, step or None for its end) → the job that gets there
+    for p in runs:
+        name = p.entry.name
+        ends = [b for b in points.get(name, []) if p.checkpointed is None or b > p.checkpointed]
+        previous = []
+        for step in ends:
+            segment = copy.deepcopy(p.partial)
+            segment.config.checkpoint.stop_at = step
+            jobs.append(Job(segment_name(name, step), p, segment, previous + _waits_for(p, writer)))
+            writer[(name, step)] = previous_name = jobs[-1].name
+            previous = [previous_name]
+        jobs.append(Job(name, p, p.partial, previous + ([] if previous else _waits_for(p, writer))))
+        writer[(name, None)] = name
+    return jobs
+
+
+def _waits_for(p: PlannedRun, writer: dict) -> list[str]:
+    if p.entry.after and (p.entry.after, None) in writer:
+        return [writer[(p.entry.after, None)]]
+    if p.entry.branch_of:
+        key = (p.entry.branch_of, p.entry.branch_step)
+        if key in writer:
+            return [writer[key]]
+        if (p.entry.branch_of, None) in writer:  # the parent had already passed the branch step
+            return []
+    return []
+
+
+def dependency_lines(jobs: list[Job]) -> str:
+    return "\n".join(f"{job.name}" + (f"  ← after {', '.join(job.after)}" if job.after else "") for job in jobs)
 
 
 def _hours(value: float) -> str:
@@ -163,30 +273,34 @@ def _hours(value: float) -> str:
 
 
 def plan_table(planned: list[PlannedRun], mfu: float, peak: str) -> str:
-    lines = [f"{'run':<30} {'phases (steps)':<26} {'tokens':>9} {'GPU-h':>8} {'after':<16} state"]
+    lines = [f"{'run':<30} {'phases (steps)':<26} {'tokens':>9} {'GPU-h':>8} {'own GPU-h':>9} "
+             f"{'after / branch of':<24} state"]
     for p in planned:
         phases = " → ".join(f"{kind} {steps}" for kind, steps in p.phases)
+        source = p.entry.after or (f"{p.entry.branch_of}@{p.entry.branch_step}" if p.entry.branch_of else "-")
         lines.append(f"{p.entry.name:<30} {phases:<26} {p.tokens / 1e9:>8.1f}B {_hours(p.gpu_hours):>8} "
-                     f"{p.entry.after or '-':<16} {p.state}")
+                     f"{_hours(p.own_gpu_hours):>9} {source:<24} {p.state}")
     todo = [p for p in planned if not p.finished]
+    branches = [p for p in planned if p.entry.branch_of]
     lines.append(f"{len(planned)} runs, {sum(p.tokens for p in planned) / 1e9:,.1f}B tokens, "
-                 f"{_hours(sum(p.gpu_hours for p in planned))} GPU-hours at {mfu:.0%} MFU of the {peak} bf16 peak "
-                 f"(assumed, not measured); to launch: {len(todo)} runs, {_hours(sum(p.gpu_hours for p in todo))} "
-                 f"GPU-hours")
+                 f"{_hours(sum(p.own_gpu_hours for p in planned))} GPU-hours at {mfu:.0%} MFU of the {peak} bf16 peak "
+                 f"(assumed, not measured) with branching ({len(branches)} runs branch off their parent's stable "
+                 f"phase and train only their own steps), {_hours(sum(p.gpu_hours for p in planned))} without; "
+                 f"to launch: {len(todo)} runs, {_hours(sum(p.own_gpu_hours for p in todo))} GPU-hours")
     return "\n".join(lines)
 
 
 def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: dict | None = None,
                 title: str = "sweep", dryrun: bool = False, detach: bool = False) -> run.Experiment:
-    """One experiment: on Slurm each continued run depends (afterok) on its parent's job and the others start
-    together; locally the runs go one after the other in grid order (parents first)."""
+    """One experiment of `launch_jobs(runs)`: on Slurm each job depends (afterok) on the jobs it waits for and
+    the others start together; locally the jobs go one after the other in that order (which has every job after
+    those it waits for)."""
     with run.Experiment(title, log_level="WARN") as exp:
         job_ids: dict[str, str] = {}
-        for p in runs:
-            executor = launch.make_executor(executor_kind, p.partial, executor_options)
-            after = p.entry.after
-            depends = [job_ids[after]] if executor_kind == "slurm" and after in job_ids else None
-            job_ids[p.entry.name] = exp.add(p.partial, executor=executor, name=p.entry.name, dependencies=depends)
+        for job in launch_jobs(runs):
+            executor = launch.make_executor(executor_kind, job.partial, executor_options)
+            depends = [job_ids[name] for name in job.after] if executor_kind == "slurm" and job.after else None
+            job_ids[job.name] = exp.add(job.partial, executor=executor, name=job.name, dependencies=depends)
         if dryrun:
             exp.dryrun(log=False, delete_exp_dir=False)  # the scripts are written; 38 printed would drown the plan
         else:
@@ -235,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.executor == "local" and not args.dryrun:
             launch.prepare_local_data([p.entry.recipe for p in runs], [p.partial for p in runs])
+        if args.dryrun:
+            print("jobs and their dependencies:\n" + dependency_lines(launch_jobs(runs)))
         exp = launch_plan(runs, args.executor, executor, title=args.name or f"sweep-{args.grid}",
                           dryrun=args.dryrun, detach=args.detach)
     except (ValueError, TypeError) as err:

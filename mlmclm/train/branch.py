@@ -80,11 +80,16 @@ def check_branch(parent_config: dict, parent_state: dict, child, manifest: Manif
     if parent_state.get("iteration") != step:
         raise BranchError(f"{where}: holds step {parent_state.get('iteration')}, not checkpoint.branch_step {step}")
     check_same_data_identity(parent_state, manifest, where)
-    for field, (old, new) in changed_fields(_without_plan(parent_config), _without_plan(child.to_dict())).items():
+    check_branch_plan(TrainConfig.from_dict(parent_config), child, step, where)
+
+
+def check_branch_plan(parent, child, step: int, where: str) -> None:
+    """The configs part of `check_branch` (also what the sweep checks when it plans a grid): the two runs are the
+    same run up to `step`."""
+    for field, (old, new) in changed_fields(_without_plan(parent.to_dict()), _without_plan(child.to_dict())).items():
         if not _covered(field, FREE_ON_RESUME):
             raise BranchError(f"{where}: {field} is {old!r} in the parent but {new!r} here; the steps before the "
                               f"branch point would not be the parent's")
-    parent = TrainConfig.from_dict(parent_config)
     mine, theirs = _phases_before(child, step), _phases_before(parent, step)
     for index in range(max(len(mine), len(theirs))):
         a = theirs[index] if index < len(theirs) else None

@@ -65,11 +65,15 @@ def test_plan_states_costs_and_parents(tmp_path):
     assert by_name["610m-clm-42k"].gpu_hours < by_name["610m-mlm40-42k"].gpu_hours
     assert by_name["1b-mlm40-42k"].gpu_hours > by_name["610m-mlm40-42k"].gpu_hours
 
-    def checkpointed(name, step):
+    def checkpointed(name, step, kept=()):
         (tmp_path / name / "checkpoints").mkdir(parents=True)
         (tmp_path / name / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(f"{step}\n")
+        for kept_step in kept:  # the checkpoints its branches start from
+            (tmp_path / name / "checkpoints" / f"iter_{kept_step:07d}").mkdir()
+            (tmp_path / name / "checkpoints" / f"iter_{kept_step:07d}" / "train_state.json").write_text("{}")
 
-    checkpointed("610m-clm-42k", 42_000)
+    branch_steps = sweep.branch_points(planned)["610m-clm-42k"]
+    checkpointed("610m-clm-42k", 42_000, kept=branch_steps)
     checkpointed("610m-mlm40-42k", 30_000)
     planned = {p.entry.name: p for p in sweep.build_plan("paper", run_root=str(tmp_path))}
     assert planned["610m-clm-42k"].state == "finished"
@@ -82,11 +86,38 @@ def test_plan_states_costs_and_parents(tmp_path):
     assert len(sweep.to_launch(alone, everything)) == 3
     with pytest.raises(ValueError, match="continues 610m-mlm40-42k, which has not finished and is not selected"):
         sweep.to_launch(sweep.select(everything, ["610m-mlm40-dec*"]), everything)
+    # a branch may go alone once its parent's checkpoint at the branch step is written, not before
+    assert len(sweep.to_launch(sweep.select(everything, ["610m-clm-32k-mlm40-42k"]), everything)) == 1
+    (tmp_path / "610m-clm-42k" / "checkpoints" / "iter_0040000" / "train_state.json").unlink()
+    with pytest.raises(ValueError, match="610m-clm-40k-mlm20-42k branches from 610m-clm-42k at step 40000, whose "
+                                         "checkpoint is not written"):
+        sweep.to_launch(sweep.select(everything, ["610m-clm-40k-mlm20-42k"]), everything)
     with pytest.raises(ValueError, match="matches no run"):
         sweep.select(everything, ["7b-*"])
     # container paths are checked through the executor's checkpoint_dir mount
     assert sweep.host_run_dir("/checkpoints/mlmclm/x", "/lustre/ckpt") == Path("/lustre/ckpt/mlmclm/x")
     assert sweep.host_run_dir("/checkpoints/mlmclm/x", None) is None
+
+
+def test_plan_prices_the_grid_with_and_without_branches(tmp_path):
+    planned = {p.entry.name: p for p in sweep.build_plan("paper", run_root=str(tmp_path))}
+    # the 17 branches of the two 610m 42k runs skip 334k steps their parents train anyway (274k of biphasic CLM,
+    # 60k of the 12k/22k pure runs' stable phases)
+    branches = [p for p in planned.values() if p.entry.branch_of]
+    assert len(branches) == 17 and sum(p.entry.branch_step for p in branches) == 334_000
+    biphasic = planned["610m-clm-32k-mlm40-42k"]
+    assert biphasic.own_gpu_hours == pytest.approx(planned["610m-mlm40-42k"].gpu_hours * 10 / 42, rel=1e-9)
+    assert all(p.own_gpu_hours == p.gpu_hours for p in planned.values() if not p.entry.branch_of)
+    table = sweep.plan_table(list(planned.values()), sweep.DEFAULT_MFU, sweep.DEFAULT_PEAK)
+    with_b = sum(p.own_gpu_hours for p in planned.values())
+    without = sum(p.gpu_hours for p in planned.values())
+    assert f"{with_b:,.0f} GPU-hours" in table and f"{without:,.0f} without" in table and with_b < 0.8 * without
+    # the parent keeps every branch point; each branch is the parent's run up to its step (checked when planned)
+    keep = planned["610m-clm-42k"].partial.config.checkpoint.keep_steps
+    assert keep == [3000, 5000, 6000, 9000, 10000, 11000, 17000, 20000, 21000, 32000, 40000]
+    assert planned["610m-mlm40-42k"].partial.config.checkpoint.keep_steps == [10000, 20000]
+    child = validate(biphasic.partial).checkpoint
+    assert (child.branch_from, child.branch_step) == (str(tmp_path / "610m-clm-42k"), 32_000)
 
 
 def test_slurm_dryrun_of_the_whole_paper_grid(nemo_home, tmp_path, capsys):
@@ -97,7 +128,14 @@ def test_slurm_dryrun_of_the_whole_paper_grid(nemo_home, tmp_path, capsys):
     assert rc == 0, out
     assert "38 runs" in out and "GPU-hours at 40% MFU" in out and "610m-clm-10k-mlm40-42k" in out
     scripts = {p.name.removesuffix("_sbatch.sh"): p.read_text() for p in Path(nemo_home).rglob("*_sbatch.sh")}
-    assert set(scripts) == {r.name for r in grid.paper_grid()}
+    segments = {sweep.segment_name("610m-clm-42k", k * 1000) for k in (3, 5, 6, 9, 10, 11, 17, 20, 21, 32, 40)} | \
+        {sweep.segment_name("610m-mlm40-42k", k * 1000) for k in (10, 20)}
+    assert set(scripts) == {r.name for r in grid.paper_grid()} | segments
+    # the dependency graph printed: each branch after the segment that writes its checkpoint
+    assert "610m-clm-32k-mlm40-42k  ← after 610m-clm-42k-until-32000" in out
+    assert "610m-clm-42k-until-40000  ← after 610m-clm-42k-until-32000" in out
+    assert "610m-clm-42k  ← after 610m-clm-42k-until-40000" in out
+    assert "610m-clm-dec42k-mlm40-44k  ← after 610m-clm-42k\n" in out
     assert all("#SBATCH --nodes=12" in text.splitlines() for text in scripts.values())
     (serialised,) = Path(nemo_home).rglob("configs/610m-clm-dec42k-mlm40-64k_fn_or_script")
     partial = ZlibJSONSerializer().deserialize(serialised.read_text())
@@ -117,15 +155,36 @@ def test_slurm_cpt_jobs_depend_on_their_decayed_parent(nemo_home, tmp_path):
         assert depends[f"610m-mlm40-dec42k-mlm40-{total}k"] == ["610m-mlm40-42k"]
 
 
+def test_slurm_branches_depend_on_the_segment_that_writes_their_checkpoint(nemo_home, tmp_path):
+    planned = sweep.select(sweep.build_plan("paper"), ["610m-clm-42k", "610m-clm-*-mlm40-12k", "610m-clm-12k"])
+    exp = sweep.launch_plan(sweep.to_launch(planned), "slurm", {"account": "acct", "job_dir": str(tmp_path)},
+                            dryrun=True)
+    depends = {job.id: job.dependencies for job in exp.jobs}
+    chain = [sweep.segment_name("610m-clm-42k", s) for s in (3000, 6000, 9000, 10000)] + ["610m-clm-42k"]
+    assert depends[chain[0]] == [] and all(depends[b] == [a] for a, b in zip(chain, chain[1:]))
+    for clm_k in (3, 6, 9):
+        assert depends[f"610m-clm-{clm_k}k-mlm40-12k"] == [sweep.segment_name("610m-clm-42k", clm_k * 1000)]
+    assert depends["610m-clm-12k"] == [sweep.segment_name("610m-clm-42k", 10_000)]
+    stops = {job.id: fdl.build(job.task.config).checkpoint.stop_at for job in exp.jobs}
+    assert stops[chain[1]] == 6000 and stops["610m-clm-42k"] is None
+
+
 def test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs(nemo_home, tmp_path, tiny_data,
                                                                             capsys):
     root = tmp_path / "grid"
     args = ["tiny", "--run-root", str(root), "--data-path", tiny_data, "--only", "tiny-clm-4", "tiny-clm-dec*",
-            "executor.gpus=false"]
+            "tiny-clm-2-mlm40-4", "executor.gpus=false"]
     assert sweep.main(args) == 0, capsys.readouterr()
-    clm, cpt = root / "tiny-clm-4", root / "tiny-clm-dec4-mlm40-6"
+    clm, cpt, branch = root / "tiny-clm-4", root / "tiny-clm-dec4-mlm40-6", root / "tiny-clm-2-mlm40-4"
     assert (clm / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert (cpt / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    # the biphasic run is a branch of the CLM run at step 2: the CLM run ran as two jobs (a segment to step 2, then
+    # the rest) and the branch trained only steps 3-4, from the parent's full state
+    assert (clm / "checkpoints" / "iter_0000002" / "train_state.json").exists()
+    state = json.loads((branch / "checkpoints" / "iter_0000004" / "train_state.json").read_text())
+    assert state["branched_from"] == {"checkpoint": str(clm / "checkpoints" / "iter_0000002"), "step": 2}
+    assert [json.loads(row)["step"] for row in (branch / "metrics.jsonl").read_text().splitlines()] == [3, 4]
+    assert any(p.name == sweep.segment_name("tiny-clm-4", 2) for p in Path(nemo_home).rglob("*") if p.is_dir())
     state = json.loads((cpt / "checkpoints" / "iter_0000002" / "run_config.json").read_text())
     assert state["checkpoint"]["init_from"] == str(clm)
     logs = "".join(p.read_text() for p in Path(nemo_home).rglob("*.log") if "tiny-clm-dec" in str(p))
@@ -134,4 +193,4 @@ def test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs(nemo
     # the same command again: both finished, nothing is launched
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
-    assert "nothing to launch" in out and out.count("finished") >= 2
+    assert "nothing to launch" in out and out.count("finished") >= 3
