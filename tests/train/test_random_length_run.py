@@ -139,3 +139,23 @@ def test_clm_only_and_mlm_only_runs_report_both_validation_losses(held_out_data,
         values = validation(tmp_path / kind)
         assert sorted(values) == [1, 2], kind
         assert all(set(v) >= {"val/clm/loss", "val/mlm/loss"} for v in values.values()), kind
+
+
+def test_a_pipeline_parallel_resume_continues_with_the_same_samples_and_validation(reference, held_out_data,
+                                                                                   tmp_path):
+    """PP=2 pads every micro-batch of a step to one length (the stages exchange fixed shapes): resumed at PP=2 from
+    the reference's step-4 checkpoint (weights are initialised per layout, so only a resume can compare), steps 5-6
+    and the step-6 validation follow the DP=2 reference to float rounding."""
+    import shutil
+
+    run_dir = tmp_path / "pp2"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(reference / "checkpoints" / "iter_0000004", run_dir / "checkpoints" / "iter_0000004")
+    (run_dir / "checkpoints" / ckpt.LATEST_FILE).write_text("4")
+    spawn(run_each, 2, [config(run_dir, held_out_data, parallel={"pipeline_parallel": 2})])
+    ours, ref = rows(run_dir), rows(reference)
+    assert sorted(ours) == [5, 6]
+    for step in (5, 6):
+        assert ours[step]["train/mlm/loss"] == pytest.approx(ref[step]["train/mlm/loss"], rel=1e-5), step
+    for key, value in validation(reference)[6].items():
+        assert validation(run_dir)[6][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
