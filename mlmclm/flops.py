@@ -22,6 +22,9 @@ LM head: CLM computes logits at every position (`lm_head_fraction=1.0`, the defa
 and cross entropy only at the masked positions (`mlmclm.model.sparse_head`), so the head costs
 `lm_head_fraction = predicted / total positions`, which is the mask ratio in expectation (special tokens are never
 masked, so slightly less on real text): `lm_head_fraction(objective)` gives it for an objective config.
+
+Random-length samples (`mlmclm.data.random_length`) attend within themselves, so S is each sample's own length:
+`flops_for_lengths` sums a step over its samples, `mean_flops_for_uniform_lengths` is its expectation (plans).
 """
 from __future__ import annotations
 
