@@ -112,11 +112,12 @@ def budget_steps(num_examples: int, config: FinetuneConfig) -> int:
 
 
 def default_max_length(model_dir: Path) -> int:
-    """EncodEval's input length: 99 % of the model's max_position_embeddings (2027 for 2048)."""
+    """EncodEval's input length: 99 % of the model's max_position_embeddings, rounded to the nearest integer as
+    theirs is (Python's round: 2028 for 2048, not the 2027 truncation would give)."""
     import json
 
     config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    return int(0.99 * config["max_position_embeddings"])
+    return round(0.99 * config["max_position_embeddings"])
 
 
 def max_length_of(spec: Any, model_dir: Path) -> int:
