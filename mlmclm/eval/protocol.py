@@ -24,13 +24,17 @@ PAPER_SEEDS = (0, 1, 2, 3, 4)
 # EncodEval's budgets per family: (max_steps, max_epochs); None = no cap of that kind.
 PAPER_BUDGETS = (("classification", 1000, None), ("qa", 1000, None), ("retrieval", 1000, None),
                  ("token_classification", None, 1))
+# Tasks whose budget differs from their family's: EncodEval's configs/QA/qed_*.yaml train one epoch (max_steps -1)
+# where the other QA configs take 1000 steps (about 6.5 epochs of QED's train split).
+PAPER_TASK_BUDGETS = (("qed", None, 1),)
 RUNS_FOLDER = "runs"
 
 
 @dataclass(frozen=True)
 class ProtocolConfig:
     """Grid and budget shared by every task (6 LRs, 5 seeds, batch 32, 10 % warmup then linear decay; the budget
-    is min(max_steps, max_epochs) unless `budgets` sets it per family — `paper()` has EncodEval's)."""
+    is min(max_steps, max_epochs) unless `budgets` sets it per family or `task_budgets` per task — `paper()` has
+    EncodEval's)."""
 
     learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
     seeds: tuple[int, ...] = PAPER_SEEDS
@@ -39,10 +43,11 @@ class ProtocolConfig:
     batch_size: int = 32
     warmup_fraction: float = 0.1
     budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (family, max_steps, max_epochs)
+    task_budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (task, ...): wins over its family's
 
     @classmethod
     def paper(cls, **overrides) -> ProtocolConfig:
-        return cls(**{"budgets": PAPER_BUDGETS, **overrides})
+        return cls(**{"budgets": PAPER_BUDGETS, "task_budgets": PAPER_TASK_BUDGETS, **overrides})
 
     def __post_init__(self) -> None:
         if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
@@ -52,10 +57,14 @@ class ProtocolConfig:
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
                        batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)  # validates the budget
 
-    def finetune_config(self, learning_rate: float, seed: int, family: str | None = None) -> FinetuneConfig:
+    def finetune_config(self, learning_rate: float, seed: int, family: str | None = None,
+                        task: str | None = None) -> FinetuneConfig:
         max_steps, max_epochs = self.max_steps, self.max_epochs
         for name, steps, epochs in self.budgets:
             if name == family:
+                max_steps, max_epochs = steps, epochs
+        for name, steps, epochs in self.task_budgets:
+            if name == task:
                 max_steps, max_epochs = steps, epochs
         return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
                               batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)
@@ -172,7 +181,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
     bar = tqdm(plan, desc="evaluation runs", unit="run", disable=not progress, dynamic_ncols=True)
     for label, directory, data, lr, seed in bar:
         bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
-        config = protocol.finetune_config(lr, seed, data.spec.family)
+        config = protocol.finetune_config(lr, seed, data.spec.family, data.spec.name)
         fingerprint = run_fingerprint(directory, data.spec, config)
         path = run_path(output_dir, label, data.spec.name, lr, seed)
         record = _finished(path, fingerprint)

@@ -2,7 +2,11 @@
 difference issue 25 lists; each builds its fixtures locally (no hub access)."""
 import json
 
-from mlmclm.eval.training import default_max_length
+from eval_fixtures import make_task_folder
+
+from mlmclm.eval.protocol import ProtocolConfig
+from mlmclm.eval.training import budget_steps, default_max_length
+from tools.evaluate import main as evaluate
 
 
 def _config_only_model(folder, positions):
@@ -16,3 +20,27 @@ def test_max_length_rounds_99_percent_of_the_positions(tmp_path):
     assert default_max_length(_config_only_model(tmp_path / "2048", 2048)) == 2028  # 2027.52, not cut to 2027
     assert default_max_length(_config_only_model(tmp_path / "512", 512)) == 507  # 506.88
     assert default_max_length(_config_only_model(tmp_path / "8192", 8192)) == 8110  # 8110.08
+
+
+def _paper_folder(root, task, family, sizes=(40, 0, 12), seed=0):
+    """A paper task folder: train plus the official validation file the paper tests on."""
+    make_task_folder(root / task, family, seed=seed, sizes=sizes)
+    (root / task / "validation.jsonl").unlink()
+    (root / task / "test.jsonl").rename(root / task / "validation.jsonl")
+
+
+def test_qed_trains_one_epoch_while_squad_keeps_the_step_budget(tmp_path, tiny_model_dir, capsys):
+    # EncodEval configs/QA/qed_lr*_sd*.yaml: num_train_epochs 1, max_steps -1; squad_*.yaml: max_steps 1000
+    for task in ("qed", "squad"):
+        _paper_folder(tmp_path / "paper", task, "qa")
+    out = tmp_path / "out"
+    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(tmp_path / "paper"), "--task", "qed",
+                   "--task", "squad", "--lrs", "1e-3", "--seeds", "0", "--max-steps", "3", "--batch-size", "8",
+                   "--output", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    steps = {task: json.loads((out / "runs" / "tiny" / task / "lr0.001_seed0.json").read_text())["steps"]
+             for task in ("qed", "squad")}
+    assert steps == {"qed": 5, "squad": 3}  # qed: one epoch of 38 rows at batch 8; squad: the (reduced) step budget
+    paper = ProtocolConfig.paper()
+    assert budget_steps(100_000, paper.finetune_config(1e-4, 0, "qa", "qed")) == 3125
+    assert budget_steps(320, paper.finetune_config(1e-4, 0, "qa", "squad")) == 1000
