@@ -162,6 +162,23 @@ def resolve_tokenizer(source: SourceCheckpoint, override: str | None):
     return tok, identity, name
 
 
+def mask_absorbs_space(tok) -> None:
+    """Make the mask token take the space before it, as RoBERTa's `<mask>` does (`lstrip`).
+
+    A byte-level BPE puts a word's leading space inside the word's token ("Ġwinter"); training masks such tokens, so
+    the model predicts "Ġwinter" at a mask. With the mask as added by default, "of our <|mask|>." tokenizes as
+    'Ġour', 'Ġ', '<|mask|>': a lone-space token the model never saw before a mask, and fill-mask's first guess was a
+    newline. Only text with the mask token in it tokenizes differently; ids and the vocabulary are unchanged.
+    (EuroBERT's own tokenizer file could not be read here to compare; its documentation queries as "create <|mask|>
+    through", the form this makes work.)"""
+    from tokenizers import AddedToken
+
+    if tok.mask_token is None:
+        return
+    tok.add_special_tokens({"mask_token": AddedToken(str(tok.mask_token), lstrip=True, rstrip=False,
+                                                     normalized=False, special=True)})
+
+
 def _phases(run_config: dict) -> list[dict]:
     return [p for p in run_config.get("phases") or [] if isinstance(p, dict)]
 
@@ -237,6 +254,7 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
             writer.write(name, tensor)
         files = writer.close()
         eurobert_config(model, identity, cfg.dtype).save_pretrained(str(staging))
+        mask_absorbs_space(tok)
         tok.save_pretrained(str(staging))
         (staging / "README.md").write_text(model_card(source, tok_name, cfg.dtype))
         diff = None
