@@ -7,17 +7,22 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmclm.eval.metrics import accuracy
-from mlmclm.eval.tasks import TaskData
+from mlmclm.eval.tasks import TaskData, TaskSpec
 from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
                                   seed_everything, train)
 
 
-def _encode(tokenizer, rows, label_ids, max_length):
+def encode_rows(tokenizer, spec: TaskSpec, rows, label_ids, max_length):
+    """Token ids and label per row: a single text, a text pair, or (with `spec.pair_template`) a pair written
+    into one text."""
     texts = [r["text"] for r in rows]
     pairs = [r.get("text_pair") for r in rows]
     has_pairs = any(p is not None for p in pairs)
     if has_pairs and not all(p is not None for p in pairs):
-        raise ValueError("classification: some rows have 'text_pair' and some do not; use one form per task")
+        raise ValueError(f"task {spec.name!r}: some rows have 'text_pair' and some do not; use one form per task")
+    if has_pairs and spec.pair_template is not None:
+        texts = [spec.pair_template.format(text=t, text_pair=p) for t, p in zip(texts, pairs)]
+        has_pairs = False
     encoded = tokenizer(texts, pairs if has_pairs else None, truncation=True, max_length=max_length)
     return [{"input_ids": ids, "attention_mask": mask, "labels": label_ids[r["label"]]}
             for ids, mask, r in zip(encoded["input_ids"], encoded["attention_mask"], rows)]
@@ -35,12 +40,12 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
     model.config.pad_token_id = tokenizer.pad_token_id
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
     collate = lambda feats: pad_batch(feats, pads)  # noqa: E731
-    features = _encode(tokenizer, data["train"], label_ids, max_length_of(data.spec, model_dir))
+    features = encode_rows(tokenizer, data.spec, data["train"], label_ids, max_length_of(data.spec, model_dir))
     log = train(model, features, collate, lambda m, b: m(**b).loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
     metrics = {}
     for split in eval_splits:
-        eval_features = _encode(tokenizer, data[split], label_ids, max_length_of(data.spec, model_dir))
+        eval_features = encode_rows(tokenizer, data.spec, data[split], label_ids, max_length_of(data.spec, model_dir))
         predictions = []
         with torch.no_grad():
             for chunk in batched(eval_features, config.eval_batch_size):

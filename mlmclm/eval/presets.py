@@ -3,7 +3,8 @@
 The suite: SC = SST-2, MNLI, QQP; TC = CoNLL-2003, OntoNotes 5, UNER-en; QA = SQuAD, SQuAD-v2, QED, ReCoRD;
 IR = MS MARCO, NQ, MLDR-en (trained once on MS MARCO, tested on all three). Splits follow EncodEval: validation =
 5 % of train (seed 42), test = the official validation split (MNLI: validation_matched); inputs are cut at 99 % of
-the model's max_position_embeddings; retrieval uses "Query: " / "Document: " prefixes.
+the model's max_position_embeddings (rounded); MNLI and QQP pairs are one text ("Premise: …\nHypothesis: …",
+"Question 1: …\nQuestion 2: …", EncodEval's encodeval/datasets.py); retrieval uses "Query: " / "Document: " prefixes.
 
 Hugging Face names need the network and are not exercised in tests; the hub schemas of OntoNotes, UNER, QED and
 the BEIR-style retrieval sets differ from ours, so those tasks read local folders in our schemas (docs/evaluation.md)
@@ -34,10 +35,12 @@ PAPER_TASKS: dict[str, dict] = {
     "sst2": dict(family="classification", hub=dict(hf_name="nyu-mll/glue", hf_config="sst2",
                                                    columns={"text": "sentence"})),
     "mnli": dict(family="classification", split_names={"test": "validation_matched"},
+                 pair_template="Premise: {text}\nHypothesis: {text_pair}",
                  hub=dict(hf_name="nyu-mll/glue", hf_config="mnli",
                           columns={"text": "premise", "text_pair": "hypothesis"})),
-    "qqp": dict(family="classification", hub=dict(hf_name="nyu-mll/glue", hf_config="qqp",
-                                                  columns={"text": "question1", "text_pair": "question2"})),
+    "qqp": dict(family="classification", pair_template="Question 1: {text}\nQuestion 2: {text_pair}",
+                hub=dict(hf_name="nyu-mll/glue", hf_config="qqp",
+                         columns={"text": "question1", "text_pair": "question2"})),
     "conll2003": dict(family="token_classification", hub=dict(hf_name="eriktks/conll2003",
                                                               columns={"tags": "ner_tags"})),
     "ontonotes5": dict(family="token_classification", hub=None),
@@ -67,7 +70,7 @@ def paper_task(name: str, data_root: Path | None = None) -> TaskSpec:
     entry = PAPER_TASKS[name]
     common = dict(name=name, family=entry["family"], split_protocol="paper", max_length=None,
                   split_names=entry.get("split_names", {}), query_prefix=entry.get("query_prefix", ""),
-                  document_prefix=entry.get("document_prefix", ""))
+                  document_prefix=entry.get("document_prefix", ""), pair_template=entry.get("pair_template"))
     extra = entry.get("extra_tests", ())
     if data_root is not None:
         return TaskSpec(path=str(Path(data_root) / name),

@@ -54,6 +54,9 @@ class TaskSpec:
     # retrieval: more test sets scored with the model fine-tuned on this task (name -> TaskSpec fields with
     # `path` or `hf_name`); each becomes its own task in the results (MS MARCO -> NQ, MLDR-en in the paper)
     extra_tests: dict[str, dict] = field(default_factory=dict)
+    # classification pairs: one text made from the pair, e.g. "Premise: {text}\nHypothesis: {text_pair}" (EncodEval
+    # feeds MNLI and QQP so); None: the tokenizer's text-pair encoding
+    pair_template: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -67,6 +70,10 @@ class TaskSpec:
         if self.split_protocol not in SPLIT_PROTOCOLS:
             raise ValueError(f"task {self.name!r}: split_protocol must be one of {SPLIT_PROTOCOLS}, "
                              f"got {self.split_protocol!r}")
+        if self.pair_template is not None and (self.family != "classification" or any(
+                f"{{{name}}}" not in self.pair_template for name in ("text", "text_pair"))):
+            raise ValueError(f"task {self.name!r}: pair_template is for classification pairs and must contain "
+                             f"{{text}} and {{text_pair}}, got {self.pair_template!r}")
         if self.extra_tests and self.family != "retrieval":
             raise ValueError(f"task {self.name!r}: extra_tests is for retrieval tasks only")
         unknown = set(self.split_names) - set(SPLITS)

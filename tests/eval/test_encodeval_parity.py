@@ -2,10 +2,12 @@
 difference issue 25 lists; each builds its fixtures locally (no hub access)."""
 import json
 
-from eval_fixtures import make_task_folder
+from eval_fixtures import WORDS, make_task_folder, save_tiny_model, write_jsonl
 
+from mlmclm.eval.presets import paper_task
 from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.training import budget_steps, default_max_length
+from mlmclm.eval.tasks import TaskSpec, load_task
+from mlmclm.eval.training import budget_steps, default_max_length, load_tokenizer
 from tools.evaluate import main as evaluate
 
 
@@ -44,3 +46,26 @@ def test_qed_trains_one_epoch_while_squad_keeps_the_step_budget(tmp_path, tiny_m
     paper = ProtocolConfig.paper()
     assert budget_steps(100_000, paper.finetune_config(1e-4, 0, "qa", "qed")) == 3125
     assert budget_steps(320, paper.finetune_config(1e-4, 0, "qa", "squad")) == 1000
+
+
+def test_mnli_and_qqp_are_one_templated_text(tmp_path):
+    # EncodEval encodeval/datasets.py: mnli_m() and qqp() map each pair to one "text" before tokenizing
+    from mlmclm.eval.classification import encode_rows
+
+    model = save_tiny_model(tmp_path / "model", words=WORDS + ["Premise", "Hypothesis", "Question", "1", "2", ":"])
+    tokenizer = load_tokenizer(model)
+    expected = {"mnli": "Premise: the cat sat\nHypothesis: a dog ran",
+                "qqp": "Question 1: the cat sat\nQuestion 2: a dog ran"}
+    for task, text in expected.items():
+        write_jsonl(tmp_path / "data" / task / "train.jsonl",
+                    [{"text": "the cat sat", "text_pair": "a dog ran", "label": i % 2} for i in range(20)])
+        write_jsonl(tmp_path / "data" / task / ("validation_matched.jsonl" if task == "mnli" else "validation.jsonl"),
+                    [{"text": "the cat sat", "text_pair": "a dog ran", "label": 0}])
+        data = load_task(paper_task(task, tmp_path / "data"))
+        [feature] = encode_rows(tokenizer, data.spec, data["test"], {0: 0, 1: 1}, max_length=64)
+        assert feature["input_ids"] == tokenizer(text)["input_ids"]
+        decoded = tokenizer.decode(feature["input_ids"], skip_special_tokens=True)  # word-level: spaces differ
+        assert "".join(decoded.split()) == "".join(text.split())
+    sst2 = TaskSpec(name="sst2", family="classification", path=str(tmp_path))  # a pair task without template
+    [pair] = encode_rows(tokenizer, sst2, [{"text": "the cat", "text_pair": "a dog", "label": 0}], {0: 0}, 64)
+    assert pair["input_ids"] == tokenizer("the cat", "a dog")["input_ids"]
