@@ -8,8 +8,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from mlmclm.eval.metrics import accuracy
 from mlmclm.eval.tasks import TaskData, TaskSpec
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
-                                  seed_everything, train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
+                                  pad_batch, seed_everything, train)
 
 
 def encode_rows(tokenizer, spec: TaskSpec, rows, label_ids, max_length):
@@ -38,6 +38,7 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
         model_dir, num_labels=len(data.labels), id2label={i: str(l) for l, i in label_ids.items()},
         label2id={str(l): i for l, i in label_ids.items()}, **extra)
     model.config.pad_token_id = tokenizer.pad_token_id
+    model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
     collate = lambda feats: pad_batch(feats, pads)  # noqa: E731
     features = encode_rows(tokenizer, data.spec, data["train"], label_ids, max_length_of(data.spec, model_dir))

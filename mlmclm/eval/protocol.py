@@ -44,10 +44,12 @@ class ProtocolConfig:
     warmup_fraction: float = 0.1
     budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (family, max_steps, max_epochs)
     task_budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (task, ...): wins over its family's
+    dtype: str = "float32"  # fine-tuning precision (training.DTYPES); the paper's is bf16
 
     @classmethod
     def paper(cls, **overrides) -> ProtocolConfig:
-        return cls(**{"budgets": PAPER_BUDGETS, "task_budgets": PAPER_TASK_BUDGETS, **overrides})
+        return cls(**{"budgets": PAPER_BUDGETS, "task_budgets": PAPER_TASK_BUDGETS, "dtype": "bfloat16",
+                      **overrides})
 
     def __post_init__(self) -> None:
         if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
@@ -55,7 +57,8 @@ class ProtocolConfig:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
-                       batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)  # validates the budget
+                       batch_size=self.batch_size, warmup_fraction=self.warmup_fraction,
+                       dtype=self.dtype)  # validates the budget and precision
 
     def finetune_config(self, learning_rate: float, seed: int, family: str | None = None,
                         task: str | None = None) -> FinetuneConfig:
@@ -67,7 +70,7 @@ class ProtocolConfig:
             if name == task:
                 max_steps, max_epochs = steps, epochs
         return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
-                              batch_size=self.batch_size, warmup_fraction=self.warmup_fraction)
+                              batch_size=self.batch_size, warmup_fraction=self.warmup_fraction, dtype=self.dtype)
 
 
 @dataclass

@@ -11,8 +11,8 @@ from torch import nn
 from mlmclm.eval.heads import SpanQAModel
 from mlmclm.eval.metrics import squad_scores
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
-                                  seed_everything, train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
+                                  pad_batch, seed_everything, train)
 
 MAX_ANSWER_TOKENS = 30
 TOP_K = 20
@@ -73,7 +73,7 @@ def run_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
     tokenizer = load_tokenizer(model_dir)
     allow_no_answer = any(not r["answers"]["text"] for split in data.splits.values() for r in split)
     seed_everything(config.seed)
-    model = SpanQAModel(model_dir)
+    model = in_precision(SpanQAModel(model_dir), config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
 
     def collate(feats):

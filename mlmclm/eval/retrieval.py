@@ -12,8 +12,8 @@ import torch
 from mlmclm.eval.heads import MeanPoolingEncoder, info_nce_loss
 from mlmclm.eval.metrics import ndcg_at_k
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
-                                  seed_everything, train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
+                                  pad_batch, seed_everything, train)
 
 TEMPERATURE = 0.05
 
@@ -24,7 +24,7 @@ def _embed(model, tokenizer, texts, max_length, batch_size):
         for chunk in batched(texts, batch_size):
             enc = tokenizer(list(chunk), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
             out.append(model(enc["input_ids"], enc["attention_mask"]))
-    return torch.cat(out)
+    return torch.cat(out).float()  # ranked in fp32 whatever the fine-tuning precision, as sentence-transformers does
 
 
 def corpus_of(rows) -> list[str]:
@@ -40,7 +40,7 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
                   eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
     tokenizer = load_tokenizer(model_dir)
     seed_everything(config.seed)
-    model = MeanPoolingEncoder(model_dir)
+    model = in_precision(MeanPoolingEncoder(model_dir), config)
     max_length = max_length_of(data.spec, model_dir)
 
     query, document = data.spec.query_prefix, data.spec.document_prefix

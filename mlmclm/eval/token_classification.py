@@ -8,8 +8,8 @@ from transformers import AutoModelForTokenClassification
 
 from mlmclm.eval.metrics import entity_f1
 from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, load_tokenizer, max_length_of, pad_batch,
-                                  seed_everything, train)
+from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
+                                  pad_batch, seed_everything, train)
 
 IGNORE = -100
 
@@ -66,6 +66,7 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
     seed_everything(config.seed)
     model = AutoModelForTokenClassification.from_pretrained(
         model_dir, num_labels=len(data.labels), id2label=dict(enumerate(data.labels)), label2id=tag_ids)
+    model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "labels": IGNORE}
     max_length = max_length_of(data.spec, model_dir)
 

@@ -17,6 +17,9 @@ from transformers.utils import logging as hf_logging
 
 # A run counts as diverged when its loss goes non-finite or ends this many times above where it started.
 DIVERGENCE_FACTOR = 1.5
+# Fine-tuning precisions: "float32", or "bfloat16" as EncodEval (the whole model cast to bf16, AdamW on the bf16
+# weights: its configs load with dtype torch.bfloat16 and train with `bf16: true`). CPUs run bf16 too.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class FinetuneConfig:
     beta2: float = 0.95
     eps: float = 1e-5
     max_grad_norm: float = 1.0
+    dtype: str = "float32"  # a key of DTYPES
 
     def __post_init__(self) -> None:
         if not self.learning_rate > 0:
@@ -50,6 +54,8 @@ class FinetuneConfig:
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0 and self.weight_decay >= 0):
             raise ValueError(f"bad AdamW settings: beta1={self.beta1}, beta2={self.beta2}, eps={self.eps}, "
                              f"weight_decay={self.weight_decay}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
@@ -122,6 +128,11 @@ def default_max_length(model_dir: Path) -> int:
 
 def max_length_of(spec: Any, model_dir: Path) -> int:
     return spec.max_length if spec.max_length is not None else default_max_length(model_dir)
+
+
+def in_precision(model: torch.nn.Module, config: FinetuneConfig) -> torch.nn.Module:
+    """The model, heads included, in the run's fine-tuning precision (cast before the optimizer sees it)."""
+    return model.to(DTYPES[config.dtype])
 
 
 def make_optimizer(model: torch.nn.Module, config: FinetuneConfig) -> torch.optim.AdamW:

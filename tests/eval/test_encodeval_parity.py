@@ -1,11 +1,16 @@
 """`--suite paper` against the authors' EncodEval (hgissbkh/EncodEval, branch MLM_vs_CLM), one test per
 difference issue 25 lists; each builds its fixtures locally (no hub access)."""
 import json
+import math
+from dataclasses import replace
 
+import pytest
+import torch
 from eval_fixtures import WORDS, make_task_folder, save_tiny_model, write_jsonl
 
 from mlmclm.eval.presets import paper_task
 from mlmclm.eval.protocol import ProtocolConfig
+from mlmclm.eval.runner import finetune_and_score
 from mlmclm.eval.tasks import TaskSpec, load_task
 from mlmclm.eval.training import budget_steps, default_max_length, load_tokenizer
 from tools.evaluate import main as evaluate
@@ -69,3 +74,26 @@ def test_mnli_and_qqp_are_one_templated_text(tmp_path):
     sst2 = TaskSpec(name="sst2", family="classification", path=str(tmp_path))  # a pair task without template
     [pair] = encode_rows(tokenizer, sst2, [{"text": "the cat", "text_pair": "a dog", "label": 0}], {0: 0}, 64)
     assert pair["input_ids"] == tokenizer("the cat", "a dog")["input_ids"]
+
+
+@pytest.mark.parametrize("family", ["classification", "token_classification", "qa", "retrieval"])
+def test_paper_fine_tuning_runs_in_bf16(family, tmp_path, tiny_model_dir, monkeypatch):
+    # EncodEval configs/*/*.yaml: model_kwargs dtype torch.bfloat16 (abstract_eval.py casts the model) and bf16: true
+    import importlib
+
+    module = importlib.import_module(f"mlmclm.eval.{family}")
+    seen = []
+
+    def recording_train(model, *args, **kwargs):
+        seen.append({p.dtype for p in model.parameters()})
+        return real_train(model, *args, **kwargs)
+
+    real_train = module.train
+    monkeypatch.setattr(module, "train", recording_train)
+    data = load_task(TaskSpec(name="t", family=family, path=str(make_task_folder(tmp_path / "data", family,
+                                                                                    sizes=(16, 8, 8)))))
+    config = ProtocolConfig.paper(max_steps=2, batch_size=8).finetune_config(1e-4, 0, family)
+    outcome = finetune_and_score(tiny_model_dir, data, replace(config, max_steps=2, max_epochs=None))
+    assert seen == [{torch.bfloat16}]
+    assert all(math.isfinite(v) for split in outcome.metrics.values() for v in split.values())
+    assert ProtocolConfig().finetune_config(1e-4, 0, family).dtype == "float32"  # custom suites: fp32 as before
