@@ -1,4 +1,5 @@
-"""NeMo-Run executors: local torchrun (CPU or one node's GPUs) and Slurm multi-node H100 with a container.
+"""NeMo-Run executors: local torchrun (CPU or one node's GPUs) and Slurm multi-node H100, in a pyxis container or
+bare-metal (a Python environment on a shared filesystem).
 
 Everything site-specific is an argument with a default read from `MLMCLM_*` environment variables, so a cluster
 is configured by exporting a few variables (or passing `executor.KEY=VALUE` to `python -m recipes`), never by
@@ -26,7 +27,12 @@ SETTINGS: dict[str, tuple[str, str | None, str]] = {
     "partition": ("MLMCLM_SLURM_PARTITION", None, "Slurm partition"),
     "time": ("MLMCLM_SLURM_TIME", "04:00:00", "wall-clock limit per job; resume continues after it"),
     "container_image": ("MLMCLM_CONTAINER_IMAGE", None,
-                        "pyxis/enroot image built from cluster/Dockerfile (squashfs path or registry; required)"),
+                        "pyxis/enroot image built from cluster/Dockerfile (squashfs path or registry); unset: "
+                        "bare-metal, the job runs python_env from shared_dirs"),
+    "python_env": ("MLMCLM_PYTHON_ENV", None,
+                   "bare-metal: the venv or conda prefix the job runs (default: the one launching)"),
+    "shared_dirs": ("MLMCLM_SHARED_DIRS", None,
+                    "bare-metal: ':'-separated directories every node sees (env, data, run dirs, job_dir)"),
     "cpus_per_task": ("MLMCLM_SLURM_CPUS_PER_TASK", None,
                       f"CPU cores for each node's torchrun task and its ranks (default {CPUS_PER_GPU} per GPU)"),
     "data_dir": ("MLMCLM_DATA_DIR", None, f"host directory mounted at {DATA_MOUNT_TARGET}"),
@@ -89,6 +95,8 @@ def slurm_executor(
     partition: str | None = None,
     time: str | None = None,
     container_image: str | None = None,
+    python_env: str | None = None,
+    shared_dirs: str | list[str] | None = None,
     cpus_per_task: int | None = None,
     data_dir: str | None = None,
     checkpoint_dir: str | None = None,
@@ -98,15 +106,18 @@ def slurm_executor(
     mounts: list[str] | None = None,
     env: dict[str, str] | None = None,
     exclusive: bool = True,
+    gpus: bool = True,
     preemption_notice_s: int = 120,
     package_code: bool = False,
     max_requeues: int = 3,
 ) -> run.SlurmExecutor:
-    """Multi-node H100 via sbatch + srun + pyxis container, one torchrun per node with `gpus_per_node` ranks.
+    """sbatch + srun, one torchrun per node with `gpus_per_node` ranks; in a pyxis container when an image is set,
+    else bare-metal: the job runs `python_env` (default: this interpreter's environment) from `shared_dirs`.
 
-    A preempted or timed-out run saves, exits non-zero (`recipes.entry`), and the job requeues itself up to
-    `max_requeues` times, resuming from its run dir. `package_code=False` runs the mlmclm installed in the image (cluster/Dockerfile); True ships this git
-    checkout's HEAD with NeMo-Run's GitArchivePackager instead (for iterating without rebuilding the image).
+    A preempted or timed-out run saves and exits 75; the job requeues itself and resumes from its run dir (see
+    `requeue_policy`). `gpus=False` asks for no GPUs and hides them (CPU ranks over gloo, as tests run).
+    `package_code=False` runs the mlmclm installed in the image or environment; True ships this git checkout's HEAD
+    with NeMo-Run's GitArchivePackager instead (for iterating without rebuilding the image).
     """
     account = _setting("account", account)
     if not account:
@@ -114,7 +125,8 @@ def slurm_executor(
                          f"{SETTINGS['account'][0]}")
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes} and {gpus_per_node}")
-    image = container_image_for_slurm(_setting("container_image", container_image))
+    if max_requeues < 0:
+        raise ValueError(f"max_requeues must be >= 0, got {max_requeues}")
     cpus = int(_setting("cpus_per_task", cpus_per_task) or CPUS_PER_GPU * gpus_per_node)
     if cpus < gpus_per_node:
         raise ValueError(f"cpus_per_task {cpus} is fewer than the {gpus_per_node} ranks torchrun starts per node")
@@ -122,11 +134,28 @@ def slurm_executor(
     host = _setting("host", host)
     tunnel = (run.SSHTunnel(host=host, user=_setting("user", user) or os.environ.get("USER", ""), job_dir=job_dir)
               if host else run.LocalTunnel(job_dir=job_dir))
+    env_vars = {**SLURM_ENV, **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+    image = _setting("container_image", container_image)
+    setup = [requeue_policy(max_requeues)]
     container_mounts = list(mounts or [])
-    for name, target in (("data_dir", DATA_MOUNT_TARGET), ("checkpoint_dir", CHECKPOINT_MOUNT_TARGET)):
-        source = _setting(name, data_dir if name == "data_dir" else checkpoint_dir)
-        if source:
-            container_mounts.append(f"{source}:{target}")
+    if image:
+        image = container_image_for_slurm(image)
+        for name, target in (("data_dir", DATA_MOUNT_TARGET), ("checkpoint_dir", CHECKPOINT_MOUNT_TARGET)):
+            source = _setting(name, data_dir if name == "data_dir" else checkpoint_dir)
+            if source:
+                container_mounts.append(f"{source}:{target}")
+    else:
+        shared = shared_directories(_setting("shared_dirs", shared_dirs))
+        prefix = bare_metal_env(_setting("python_env", python_env), shared, check_local=not host)
+        for name in ("data_dir", "checkpoint_dir"):
+            if _setting(name, data_dir if name == "data_dir" else checkpoint_dir) or container_mounts:
+                raise ValueError(f"{name}/mounts mount host directories into a container; without a container "
+                                 f"image (bare-metal) the job reads and writes host paths: set data_path= and "
+                                 f"run_dir= on the recipe instead, under {SETTINGS['shared_dirs'][0]}")
+        refuse_unreachable("job_dir", job_dir, shared, SETTINGS["job_dir"][0])
+        env_vars.update({"PATH": f"{prefix}/bin:$PATH", SETTINGS["shared_dirs"][0]: ":".join(shared),
+                         "VIRTUAL_ENV": prefix})
+        setup.append(torchrun_shim(prefix))
     executor = run.SlurmExecutor(
         account=account,
         partition=_setting("partition", partition),
@@ -138,25 +167,137 @@ def slurm_executor(
         # --cpus-per-task because since Slurm 22.05 it no longer inherits sbatch's value.
         cpus_per_task=cpus,
         srun_args=[f"--cpus-per-task={cpus}", "--cpu-bind=cores"],
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=gpus_per_node if gpus else None,
         exclusive=exclusive,  # whole nodes: NVLink/IB topology and memory are not shared with other jobs
-        signal=f"USR1@{preemption_notice_s}",  # the trainer saves on SIGUSR1 and exits; resubmit resumes
-        container_image=image,
+        # no `B:`: Slurm signals every process of the job step (agent, ranks, their helpers), each saves or ignores
+        signal=f"USR1@{preemption_notice_s}",
+        container_image=image or None,
         container_mounts=container_mounts,
-        env_vars={**SLURM_ENV, **(env or {})},
+        env_vars={**env_vars, **(env or {})},
+        setup_lines="\n".join(setup),
         tunnel=tunnel,
         packager=run.GitArchivePackager() if package_code else run.Packager(),
         launcher="torchrun",
         torchrun_nproc_per_node=gpus_per_node,
         job_name_prefix="mlmclm-",
-        retries=max_requeues,  # NeMo-Run's sbatch script requeues itself while SLURM_RESTART_COUNT < retries
+        # the script's own requeue test (TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT) is lifted; requeue_policy decides
+        retries=max_requeues,
     )
     return executor
 
 
+def requeue_policy(max_requeues: int) -> str:
+    """Shell lines for the top of NeMo-Run's sbatch script. Its last lines run `scontrol requeue` on any non-zero
+    exit while TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT; here that call decides instead: a run that stopped after
+    its preemption save (exit 75) is always requeued (it made progress and resumes where it stopped); any other
+    failure only while the job has been restarted fewer than `max_requeues` times (a crash or node failure resumes
+    from the last periodic checkpoint; a broken config fails again, and stops)."""
+    return f"""# mlmclm requeue policy (cluster/executors.py requeue_policy)
+export TORCHX_MAX_RETRIES=1000000 MLMCLM_MAX_REQUEUES={max_requeues}
+scontrol() {{
+    if [ "$1" = requeue ]; then
+        if [ "$exitcode" = 75 ]; then
+            echo "mlmclm: preempted after saving (exit 75): requeued, the run resumes from its checkpoint"
+        elif [ "${{SLURM_RESTART_COUNT:-0}}" -lt "$MLMCLM_MAX_REQUEUES" ]; then
+            echo "mlmclm: failed (exit $exitcode): requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of $MLMCLM_MAX_REQUEUES)"
+        else
+            echo "mlmclm: failed (exit $exitcode) after ${{SLURM_RESTART_COUNT:-0}} restart(s): not requeued (max_requeues=$MLMCLM_MAX_REQUEUES)" >&2
+            return 0
+        fi
+    fi
+    command scontrol "$@"
+}}"""
+
+
+def torchrun_shim(prefix: str) -> str:
+    """NeMo-Run's srun line starts `torchrun` by name; this puts first on PATH one that is
+    `python -m mlmclm.parallel.torchrun` (torchrun that keeps waiting for the ranks' save after Slurm's signal and
+    exits 75 when they stopped that way). `/nemo_run` is NeMo-Run's job folder (on the shared filesystem): NeMo-Run
+    replaces it with the real path in a script without a container."""
+    return (f"# `torchrun` = python -m mlmclm.parallel.torchrun (exit 75 after a preemption save)\n"
+            f"mkdir -p /nemo_run/bin && printf '%s\\n' '#!/bin/sh' "
+            f"'exec {prefix}/bin/python -m mlmclm.parallel.torchrun \"$@\"' > /nemo_run/bin/torchrun "
+            f"&& chmod +x /nemo_run/bin/torchrun\n"
+            f"export PATH=/nemo_run/bin:$PATH")
+
+
+def shared_directories(value: str | list[str] | None) -> list[str]:
+    """The directories every node sees, absolute and normalised; bare-metal launches need them."""
+    if not value:
+        raise ValueError(
+            "no container image is set, so the job runs bare-metal: this Python environment on the nodes, which "
+            "must see it, the data and the run directories on a shared filesystem. Say which directories every node "
+            f"sees: export {SETTINGS['shared_dirs'][0]}=/lustre:/home (or executor.shared_dirs=...); for a pyxis "
+            f"cluster set {SETTINGS['container_image'][0]} instead (cluster/README.md)")
+    items = value.split(":") if isinstance(value, str) else list(value)
+    dirs = [os.path.normpath(d) for d in items if d]
+    relative = [d for d in dirs if not os.path.isabs(d)]
+    if relative:
+        raise ValueError(f"{SETTINGS['shared_dirs'][0]}: {relative} are not absolute paths")
+    return dirs
+
+
+def bare_metal_env(python_env: str | None, shared: list[str], check_local: bool = True) -> str:
+    """The environment prefix the job runs: `python_env`, else this interpreter's; on the shared filesystem."""
+    prefix = os.path.normpath(python_env or sys.prefix)
+    if check_local and not Path(prefix, "bin", "python").exists():
+        raise ValueError(f"python_env {prefix} has no bin/python; {SETTINGS['python_env'][0]} names a venv or conda "
+                         f"prefix")
+    refuse_unreachable("python_env", prefix, shared, SETTINGS["shared_dirs"][0],
+                       hint=f" or name one there with {SETTINGS['python_env'][0]}")
+    return prefix
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def refuse_unreachable(what: str, path: str, roots: list[str], variable: str, hint: str = "") -> None:
+    path = os.path.normpath(path)
+    if not os.path.isabs(path):
+        raise ValueError(f"{what} {path} is relative: the job runs in NeMo-Run's job folder, not here; give an "
+                         f"absolute path under {variable}={':'.join(roots)}")
+    if not any(_under(path, root) for root in roots):
+        raise ValueError(f"{what} {path} is not on the shared filesystem the nodes see ({variable}="
+                         f"{':'.join(roots)}): the job could not reach it; move it there, or add its directory to "
+                         f"{variable}{hint}")
+
+
+def launch_mode(executor: run.SlurmExecutor) -> str:
+    """One line: what the job runs in, and where."""
+    if executor.container_image:
+        return f"container mode: pyxis/enroot image {executor.container_image}, mounts {executor.container_mounts}"
+    return (f"bare-metal mode (no container image): {executor.env_vars.get('VIRTUAL_ENV')} on the shared filesystem "
+            f"{executor.env_vars.get(SETTINGS['shared_dirs'][0])}")
+
+
+def check_reachable(executor: run.SlurmExecutor, paths: dict[str, str]) -> None:
+    """Refuse, at submission, a path the job would not find: in a container, one under no mount (it would read
+    nothing, or write inside the container and lose it); bare-metal, one off the shared filesystem."""
+    if executor.container_image:
+        targets = {m.split(":")[1]: m for m in executor.container_mounts if ":" in m}
+        for what, path in paths.items():
+            if not path or not os.path.isabs(path) or any(_under(os.path.normpath(path), t) for t in targets):
+                if path and not os.path.isabs(path):
+                    raise ValueError(f"{what} {path} is relative: in the container it would be under NeMo-Run's "
+                                     f"job folder; give an absolute path under a mount")
+                continue
+            fix = (f"export {SETTINGS['data_dir'][0]}=<host dir> (mounted at {DATA_MOUNT_TARGET})" if what == "data_path"
+                   else f"export {SETTINGS['checkpoint_dir'][0]}=<host dir> (mounted at {CHECKPOINT_MOUNT_TARGET})")
+            mounted = ", ".join(targets) or "nothing but NeMo-Run's own folder"
+            raise ValueError(f"{what} {path} is under no container mount (mounted: {mounted}): the job would "
+                             f"{'find no data there' if what == 'data_path' else 'write it inside the container and lose it'}; "
+                             f"{fix} and use a path under it, or add executor.mounts=[<host>:<container>]")
+        return
+    shared = executor.env_vars.get(SETTINGS["shared_dirs"][0], "").split(":")
+    for what, path in paths.items():
+        if path:
+            refuse_unreachable(what, path, shared, SETTINGS["shared_dirs"][0])
+
+
 def container_image_for_slurm(image: str | None) -> str:
     """The image the Slurm job runs in: one built from cluster/Dockerfile. Refused here, at submission, when it is
-    missing or is the bare NGC image, which would fail on the nodes (no mlmclm, nemo_run or megatron-core 0.19)."""
+    the bare NGC image, which would fail on the nodes (no mlmclm, nemo_run or megatron-core 0.19)."""
     build = ("build cluster/Dockerfile (cluster/README.md, 'First launch') and export "
              f"{SETTINGS['container_image'][0]}=<registry>/mlmclm:<tag> or a .sqsh path (or pass "
              "executor.container_image=...)")

@@ -119,8 +119,21 @@ def make_executor(kind: str, partial: run.Partial, options: dict | None = None):
             options["gpus"] = torch.cuda.is_available()
         return local_executor(processes=partial.gpus_per_node, **options)
     if kind == "slurm":
-        return slurm_executor(nodes=partial.nodes, gpus_per_node=partial.gpus_per_node, **options)
+        from cluster.executors import check_reachable
+
+        executor = slurm_executor(nodes=partial.nodes, gpus_per_node=partial.gpus_per_node, **options)
+        check_reachable(executor, job_paths(partial))
+        return executor
     raise ValueError(f"unknown executor {kind!r}; choose one of {EXECUTORS}")
+
+
+def job_paths(partial: run.Partial) -> dict[str, str | None]:
+    """The paths the job reads or writes, by the name a user sets them with."""
+    config = partial.config
+    checkpoint = getattr(config, "checkpoint", None)
+    return {"data_path": config.data.path, "run_dir": config.run_dir,
+            "checkpoint.init_from": getattr(checkpoint, "init_from", None),
+            "checkpoint.branch_from": getattr(checkpoint, "branch_from", None)}
 
 
 def run_dir_of(partial: run.Partial) -> str:
@@ -156,27 +169,77 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log.
     """
     title = title or tasks[0][0]
+    slurm = executor_kind == "slurm"
     with _console_to(console_log):
-        with run.Experiment(title, base_dir=base_dir, log_level="WARN") as exp:
+        # Slurm: submitted detached and followed with scontrol (NeMo-Run's own wait and status need sacct).
+        with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
             previous = None
             for name, partial in tasks:
                 executor = make_executor(executor_kind, partial, executor_options)
                 previous = exp.add(partial, executor=executor, name=name,
                                    dependencies=[previous] if previous else None)
             if dryrun:
-                exp.dryrun(log=True, delete_exp_dir=False)
+                exp.dryrun(log=not slurm, delete_exp_dir=False)
             else:
-                exp.run(detach=detach, tail_logs=False)
-        statuses = {} if dryrun or detach else exp.status(return_dict=True)
+                exp.run(detach=detach or slurm, tail_logs=False)
+        if slurm:
+            if dryrun:
+                print_slurm_dryrun(exp)
+                return exp
+            jobs = slurm_jobs(exp)
+            print("submitted: " + ", ".join(f"{name} = Slurm job {job_id}" for name, job_id in jobs.items())
+                  + f"; logs under {exp._exp_dir}", flush=True)
+            if detach:
+                return exp
+            from cluster.slurm_jobs import wait_for_jobs
+
+            states = wait_for_jobs(jobs, log=lambda line: print(line, flush=True))
+            statuses = {name: {"status": "SUCCEEDED" if s.state == "COMPLETED" else s.describe()}
+                        for name, s in states.items()}
+        else:
+            statuses = {} if dryrun or detach else exp.status(return_dict=True)
     failed = {name: str(info["status"]) for name, info in statuses.items() if str(info["status"]) != "SUCCEEDED"}
     if failed:
         if message := preemption_report(list(failed), {name: run_dir_of(partial) for name, partial in tasks}):
             raise TaskPreemptedError(message)
-        reports = [f"task {name}: {status}\n" + "\n".join("    " + line for line in task_error(exp._exp_dir, name))
+        if slurm:
+            from cluster.slurm_jobs import error_lines
+
+            errors = {name: error_lines(exp._exp_dir, jobs[name]) for name in failed}
+        else:
+            errors = {name: task_error(exp._exp_dir, name) for name in failed}
+        reports = [f"task {name}: {status}\n" + "\n".join("    " + line for line in errors[name])
                    for name, status in failed.items()]
         raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed; logs under {exp._exp_dir}\n"
                               + "\n".join(reports))
     return exp
+
+
+def slurm_jobs(exp: run.Experiment) -> dict[str, str]:
+    """Task name → Slurm job id of a launched experiment."""
+    from cluster.slurm_jobs import job_id_of
+
+    return {job.id: job_id_of(job.handle) for job in exp.jobs}
+
+
+def print_slurm_dryrun(exp: run.Experiment) -> None:
+    """For each task: the mode (container or bare-metal), what it asks Slurm for, and its sbatch script verbatim
+    (plain print, so nothing is wrapped and it can be copied)."""
+    from cluster.executors import launch_mode
+
+    for job in exp.jobs:
+        ex = job.executor
+        scripts = sorted(Path(exp._exp_dir).rglob(f"{ex.job_name}_sbatch.sh")) or sorted(
+            Path(exp._exp_dir).rglob("*_sbatch.sh"))
+        gpus = f"{ex.gpus_per_node} GPUs each = {ex.nodes * ex.gpus_per_node} GPUs" if ex.gpus_per_node else "no GPUs"
+        print(f"=== task {job.id}: {launch_mode(ex)}\n"
+              f"asks Slurm for {ex.nodes} node(s) {'(whole, --exclusive) ' if ex.exclusive else ''}× {gpus}, "
+              f"{ex.cpus_per_task} CPUs per node, wall time {ex.time} per job (requeued until done); ask for less "
+              f"with the recipe's nodes=, executor.time=, executor.cpus_per_task=\n"
+              f"sbatch script ({scripts[0] if scripts else 'not written'}):")
+        if scripts:
+            sys.stdout.write(scripts[0].read_text())
+        sys.stdout.flush()
 
 
 class TaskFailedError(RuntimeError):

@@ -20,10 +20,10 @@ TINY_MAX_TOKENS = 300_000  # enough packed sequences for a few hundred tiny step
 
 def _tiny(run_name: str, phases: list[Phase], *, steps: int, processes: int, data_path: str, run_dir: str | None,
           warmup_steps: int, decay_steps: int, init_from: str | None = None,
-          tensor_parallel: int = 1) -> run.Partial:
+          tensor_parallel: int = 1, nodes: int = 1) -> run.Partial:
     return train_partial(
         model=preset("tiny"), layout=ParallelConfig(tensor_parallel=tensor_parallel), phases=phases,
-        total_steps=steps, global_batch_size=8, nodes=1, gpus_per_node=processes, data_path=data_path,
+        total_steps=steps, global_batch_size=8, nodes=nodes, gpus_per_node=processes, data_path=data_path,
         run_dir=run_dir or f"{TINY_RUN_ROOT}/{run_name}", tokenizer="embedded", warmup_steps=warmup_steps,
         decay_steps=decay_steps, lr=1e-3, init_from=init_from, fp8=False, max_micro_batch=2,
         save_interval=max(1, steps // 2), log_interval=2, validation_interval=max(1, steps // 16))
@@ -31,12 +31,13 @@ def _tiny(run_name: str, phases: list[Phase], *, steps: int, processes: int, dat
 
 def tiny_clm_mlm(steps: int = 20, clm_share: float = 0.25, mask_ratio: float = 0.4, processes: int = 2,
                  data_path: str = TINY_DATA_PATH, run_dir: str | None = None,
-                 tensor_parallel: int = 1) -> run.Partial:
-    """CLM then MLM in one job (in-process switch) on CPU."""
+                 tensor_parallel: int = 1, nodes: int = 1) -> run.Partial:
+    """CLM then MLM in one job (in-process switch) on CPU; `nodes` > 1 spreads the processes over Slurm nodes
+    (nodes × processes ranks, the same global batch)."""
     phases = [Phase("clm", fraction=clm_share), Phase("mlm", fraction=1 - clm_share, mask_ratio=mask_ratio)]
     decay = max(1, round(steps * (1 - clm_share)) // 2)  # half the MLM phase: the switch precedes the decay
     return _tiny("tiny_clm_mlm", phases, steps=steps, processes=processes, data_path=data_path, run_dir=run_dir,
-                 warmup_steps=max(1, steps // 10), decay_steps=decay, tensor_parallel=tensor_parallel)
+                 warmup_steps=max(1, steps // 10), decay_steps=decay, tensor_parallel=tensor_parallel, nodes=nodes)
 
 
 def tiny_clm(steps: int = 20, processes: int = 2, data_path: str = TINY_DATA_PATH,

@@ -21,9 +21,12 @@ def nemo_home(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def slurm_container_image(monkeypatch):
-    """Slurm executors refuse to build without an mlmclm image (cluster.executors.container_image_for_slurm); the
-    dry runs here use a placeholder one. Tests of that refusal delete it."""
+    """The dry runs here are container-mode launches with a placeholder image, and placeholder host directories
+    mounted at /data and /checkpoints (the paper recipes' paths: a launch whose paths are under no mount is refused,
+    cluster.executors.check_reachable). Tests of those refusals delete them."""
     monkeypatch.setenv("MLMCLM_CONTAINER_IMAGE", "/images/mlmclm-test.sqsh")
+    monkeypatch.setenv("MLMCLM_DATA_DIR", "/lustre/test-data")
+    monkeypatch.setenv("MLMCLM_CHECKPOINT_DIR", "/lustre/test-checkpoints")
 
 
 @pytest.fixture(scope="session")

@@ -65,19 +65,26 @@ def test_slurm_dryrun_of_a_chain_adds_the_dependent_task(nemo_home, tmp_path):
     assert cpt.checkpoint.init_from == "/checkpoints/mlmclm/610m-clm-31.5k"
 
 
-@pytest.mark.parametrize("image_args, message", [
-    ([], "needs a container image with mlmclm installed"),
-    ([f"executor.container_image={BASE_IMAGE}"], "is a bare NGC PyTorch image"),
-])
-def test_slurm_launch_without_an_mlmclm_image_is_refused_at_submission(nemo_home, tmp_path, capsys, monkeypatch,
-                                                                       image_args, message):
+def test_slurm_without_an_image_or_a_shared_filesystem_is_refused_at_submission(nemo_home, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """No image: a bare-metal launch, which needs to know what the nodes share; neither given: refused, naming both."""
     monkeypatch.delenv("MLMCLM_CONTAINER_IMAGE", raising=False)
+    monkeypatch.delenv("MLMCLM_SHARED_DIRS", raising=False)
     rc = main(["clm_mlm_610m", "nodes=4", "--executor", "slurm", "executor.account=acct",
-               f"executor.job_dir={tmp_path / 'jobs'}", *image_args, "--dryrun"])
+               f"executor.job_dir={tmp_path / 'jobs'}", "--dryrun"])
     err = capsys.readouterr().err
     assert rc == 2
-    assert message in err and "MLMCLM_CONTAINER_IMAGE" in err and "cluster/Dockerfile" in err
+    assert "bare-metal" in err and "MLMCLM_SHARED_DIRS" in err and "MLMCLM_CONTAINER_IMAGE" in err
     assert not list(Path(nemo_home).rglob("*_sbatch.sh"))  # nothing written, nothing submitted
+
+
+def test_slurm_launch_on_a_bare_ngc_image_is_refused_at_submission(nemo_home, tmp_path, capsys):
+    rc = main(["clm_mlm_610m", "nodes=4", "--executor", "slurm", "executor.account=acct",
+               f"executor.job_dir={tmp_path / 'jobs'}", f"executor.container_image={BASE_IMAGE}", "--dryrun"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "is a bare NGC PyTorch image" in err and "MLMCLM_CONTAINER_IMAGE" in err and "cluster/Dockerfile" in err
+    assert not list(Path(nemo_home).rglob("*_sbatch.sh"))
 
 
 def test_slurm_cpus_per_task_is_configurable_and_checked(nemo_home, tmp_path, capsys):
