@@ -12,18 +12,37 @@ import logging
 import os
 import warnings
 
-# Prefixes of the messages (they also serve PYTHONWARNINGS, which matches a literal prefix).
+# Prefixes of the messages (they also serve PYTHONWARNINGS, which matches a literal prefix: no ',' or ':' here).
 KNOWN_WARNINGS = (
     "Transformer Engine and Apex are not installed",
     "Apex is not installed",
+    # megatron-core 0.19's TransformerConfig default (cuda_graph_scope) warns on every model build
+    "full scope is deprecated",
+    # torch DCP, when our single-process readers (conversion, verification) load without a process group
+    "torch.distributed is disabled",
+    "The argument order of load has been changed",
+    # the CPU emulation's ShardedTensor shim (megatron's dist checkpoints still use ShardedTensor on CPU)
+    "Please use DTensor instead and we are deprecating ShardedTensor",
+    # megatron's DDP reads `.grad` of its main-grad views while finalising gradients
+    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed",
 )
-# torch's logger and the message it logs on import when CUDA_HOME exists but CUDA does not.
-_TORCH_LOGGER, _TORCH_MESSAGE = "torch.utils.cpp_extension", "No CUDA runtime is found"
+# Known log messages, by logger: torch's on import when CUDA_HOME exists but CUDA does not; megatron's on every
+# model build (we keep GPTModel behind mlmclm/model/ on purpose, see the README) and on every save.
+KNOWN_LOG_MESSAGES = {
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
+    "megatron.core.models.gpt.gpt_model": "GPTModel IS DEPRECATED",
+    "megatron.core.dist_checkpointing.strategies.torch": "MCore's async save is deprecated",
+}
+_TORCH_LOGGER = "torch.utils.cpp_extension"
 
 
-class _DropNoCuda(logging.Filter):
+class _DropKnown(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_TORCH_MESSAGE)
+        return not str(record.msg).startswith(self.prefix)
 
 
 def install(children: bool = True) -> None:
@@ -31,9 +50,10 @@ def install(children: bool = True) -> None:
     inherit PYTHONWARNINGS and TORCH_LOGS). Idempotent."""
     for message in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
-    logger = logging.getLogger(_TORCH_LOGGER)
-    if not any(isinstance(f, _DropNoCuda) for f in logger.filters):
-        logger.addFilter(_DropNoCuda())
+    for name, prefix in KNOWN_LOG_MESSAGES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropKnown) for f in logger.filters):
+            logger.addFilter(_DropKnown(prefix))
     if children:
         _append_env("PYTHONWARNINGS", [f"ignore:{m}" for m in KNOWN_WARNINGS])
         _append_env("TORCH_LOGS", [f"-{_TORCH_LOGGER}"])

@@ -61,9 +61,11 @@ def megatron_logits(checkpoint: Path, model_cfg: ModelConfig, tokens, causal: bo
 def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: str) -> None:
     import torch
     from transformers import AutoModelForMaskedLM
+    from transformers.utils import logging as hf_logging
 
     from mlmclm.parallel import ParallelConfig, destroy_parallel, init_parallel
 
+    hf_logging.disable_progress_bar()  # the export's own progress bar has already shown the work
     init_parallel(ParallelConfig(), seed=0)
     try:
         cfg = ModelConfig.from_dict(model_dict)

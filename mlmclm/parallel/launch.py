@@ -20,6 +20,9 @@ def free_port() -> int:
 def _worker(local_rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    from mlmclm import quiet
+
+    quiet.install(children=False)  # the known third-party warnings, as in the process that spawned this one
     # One thread per rank: ranks share the machine's cores, and fewer threads keep results reproducible.
     import torch
 

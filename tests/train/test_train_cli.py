@@ -25,6 +25,19 @@ def test_torchrun_entry_trains_with_overrides(tmp_path):
     assert saved["total_steps"] == 3 and saved["phases"][1]["objective"]["mask_ratio"] == 0.25
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows] == ["clm", "mlm", "mlm"]
+    assert _noise(proc.stderr) == [], proc.stderr[-3000:]
+    # and the export a user runs next, with its verification in a fresh process: as quiet
+    export = subprocess.run([sys.executable, "tools/convert_to_hf.py", str(tmp_path / "run"), str(tmp_path / "hf"),
+                             "--verify"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert _noise(export.stderr) == [], export.stderr[-3000:]
+
+
+def _noise(stderr: str) -> list[str]:
+    """Third-party warning lines a user would see at run time (the console should be as quiet as at --help)."""
+    return [line for line in stderr.splitlines()
+            if any(word in line for word in ("Warning:", "DEPRECATED", "deprecated", "warnings.warn"))]
 
 
 def test_invalid_config_exits_2_naming_the_problem(tmp_path):
