@@ -30,6 +30,11 @@ PRESETS: dict[str, dict] = {
                    columns={"context": "passage", "question": "query"}),
 }
 
+# EncodEval's token classification (eval_tasks/token_classification.py): every sub-token labelled with its word's
+# tag, words predicted by majority vote, scored by the mean per-sentence macro F1 (seqeval's entity F1 is reported
+# beside it in every run).
+_ENCODEVAL_TC = dict(token_labels="every", metric="sentence_macro_f1")
+
 # The paper suite: per task, its family and what differs from our schema on the hub (None: local folder only).
 PAPER_TASKS: dict[str, dict] = {
     "sst2": dict(family="classification", hub=dict(hf_name="nyu-mll/glue", hf_config="sst2",
@@ -41,10 +46,10 @@ PAPER_TASKS: dict[str, dict] = {
     "qqp": dict(family="classification", pair_template="Question 1: {text}\nQuestion 2: {text_pair}",
                 hub=dict(hf_name="nyu-mll/glue", hf_config="qqp",
                          columns={"text": "question1", "text_pair": "question2"})),
-    "conll2003": dict(family="token_classification", hub=dict(hf_name="eriktks/conll2003",
-                                                              columns={"tags": "ner_tags"})),
-    "ontonotes5": dict(family="token_classification", hub=None),
-    "uner_en": dict(family="token_classification", hub=None),
+    "conll2003": dict(family="token_classification", **_ENCODEVAL_TC, hub=dict(hf_name="eriktks/conll2003",
+                                                                                columns={"tags": "ner_tags"})),
+    "ontonotes5": dict(family="token_classification", **_ENCODEVAL_TC, hub=None),
+    "uner_en": dict(family="token_classification", **_ENCODEVAL_TC, hub=None),
     "squad": dict(family="qa", hub=dict(hf_name="rajpurkar/squad")),
     "squad_v2": dict(family="qa", hub=dict(hf_name="rajpurkar/squad_v2")),
     "qed": dict(family="qa", hub=None),
@@ -70,7 +75,8 @@ def paper_task(name: str, data_root: Path | None = None) -> TaskSpec:
     entry = PAPER_TASKS[name]
     common = dict(name=name, family=entry["family"], split_protocol="paper", max_length=None,
                   split_names=entry.get("split_names", {}), query_prefix=entry.get("query_prefix", ""),
-                  document_prefix=entry.get("document_prefix", ""), pair_template=entry.get("pair_template"))
+                  document_prefix=entry.get("document_prefix", ""), pair_template=entry.get("pair_template"),
+                  token_labels=entry.get("token_labels", "first"), metric=entry.get("metric"))
     extra = entry.get("extra_tests", ())
     if data_root is not None:
         return TaskSpec(path=str(Path(data_root) / name),

@@ -21,6 +21,9 @@ FAMILIES = ("classification", "token_classification", "qa", "retrieval")
 SPLITS = ("train", "validation", "test")
 MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1", "qa": "f1",
                "retrieval": "ndcg@10"}
+# Other main metrics a task may choose (TaskSpec.metric); every run reports all of its family's metrics.
+OTHER_METRICS = {"token_classification": ("sentence_macro_f1",)}
+TOKEN_LABELS = ("first", "every")  # label each word's first sub-token, or all of them (EncodEval)
 _SPLIT_SEED = 0  # fixed so derived validation/test splits are identical across runs and models
 SPLIT_PROTOCOLS = ("given", "paper")
 PAPER_VALIDATION_FRACTION, PAPER_VALIDATION_SEED = 0.05, 42  # EncodEval: validation = 5 % of train, seed 42
@@ -57,6 +60,10 @@ class TaskSpec:
     # classification pairs: one text made from the pair, e.g. "Premise: {text}\nHypothesis: {text_pair}" (EncodEval
     # feeds MNLI and QQP so); None: the tokenizer's text-pair encoding
     pair_template: str | None = None
+    # token classification: "first" labels a word's first sub-token (and predicts from it); "every" labels all its
+    # sub-tokens and predicts the majority over them (EncodEval)
+    token_labels: str = "first"
+    metric: str | None = None  # the main metric when not the family's (MAIN_METRIC), e.g. "sentence_macro_f1"
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -74,6 +81,13 @@ class TaskSpec:
                 f"{{{name}}}" not in self.pair_template for name in ("text", "text_pair"))):
             raise ValueError(f"task {self.name!r}: pair_template is for classification pairs and must contain "
                              f"{{text}} and {{text_pair}}, got {self.pair_template!r}")
+        if self.token_labels not in TOKEN_LABELS:
+            raise ValueError(f"task {self.name!r}: token_labels must be one of {TOKEN_LABELS}, "
+                             f"got {self.token_labels!r}")
+        allowed = (MAIN_METRIC[self.family], *OTHER_METRICS.get(self.family, ()))
+        if self.metric is not None and self.metric not in allowed:
+            raise ValueError(f"task {self.name!r}: metric must be one of {allowed} for {self.family}, "
+                             f"got {self.metric!r}")
         if self.extra_tests and self.family != "retrieval":
             raise ValueError(f"task {self.name!r}: extra_tests is for retrieval tasks only")
         unknown = set(self.split_names) - set(SPLITS)
@@ -86,7 +100,7 @@ class TaskSpec:
 
     @property
     def main_metric(self) -> str:
-        return MAIN_METRIC[self.family]
+        return self.metric or MAIN_METRIC[self.family]
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TaskSpec:

@@ -1,4 +1,5 @@
-"""Token classification (NER-style BIO tags): transformers' token head, first sub-token per word, entity F1."""
+"""Token classification (NER-style BIO tags): transformers' token head; each word labelled on its first sub-token or
+(EncodEval) on all of them with a majority vote; scored by seqeval's entity F1 and EncodEval's per-sentence macro F1."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForTokenClassification
 
-from mlmclm.eval.metrics import entity_f1
+from mlmclm.eval.metrics import entity_f1, sentence_macro_f1
 from mlmclm.eval.tasks import TaskData
 from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
                                   pad_batch, seed_everything, train)
@@ -14,23 +15,21 @@ from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precis
 IGNORE = -100
 
 
-def first_tokens(offsets: list[tuple[int, int]], words: list[str]) -> dict[int, int]:
-    """Word index -> index of its first token, from the tokens' character offsets in `" ".join(words)`. Special
-    tokens (empty offsets) and tokens inside a separator belong to no word; a word left with no token (cut by
-    max_length, or nothing the tokenizer keeps) is absent."""
+def token_words(offsets: list[tuple[int, int]], words: list[str]) -> list[int | None]:
+    """Per token, the index of the word it belongs to, from the tokens' character offsets in `" ".join(words)`.
+    Special tokens (empty offsets) and tokens inside a separator belong to no word (None); a word cut by max_length,
+    or of nothing the tokenizer keeps, has no token."""
     word_at = []  # character position -> word index, -1 on the separating spaces
     for index, word in enumerate(words):
         word_at += [index] * len(word) + [-1]
-    first: dict[int, int] = {}
-    for position, (start, end) in enumerate(offsets):
-        word = next((word_at[c] for c in range(start, min(end, len(word_at))) if word_at[c] >= 0), None)
-        if word is not None and word not in first:
-            first[word] = position
-    return first
+    return [next((word_at[c] for c in range(start, min(end, len(word_at))) if word_at[c] >= 0), None)
+            for start, end in offsets]
 
 
-def encode_words(tokenizer, rows, tag_ids: dict[str, int] | None, max_length: int) -> list[dict]:
-    """Tokenize each row's words as running text, `" ".join(tokens)`, and label only each word's first token.
+def encode_words(tokenizer, rows, tag_ids: dict[str, int] | None, max_length: int, token_labels: str = "first"
+                 ) -> list[dict]:
+    """Tokenize each row's words as running text, `" ".join(tokens)`, and label each word's first sub-token
+    (`token_labels="first"`) or every sub-token with the word's tag ("every", EncodEval's labelling).
 
     Not `is_split_into_words`: a byte-level BPE (the embedded tokenizer, EuroBERT's) then encodes every word as if
     it began the text, without its leading space — `Macbeth` becomes `M ac beth` instead of the `ĠMacbeth` the
@@ -39,23 +38,41 @@ def encode_words(tokenizer, rows, tag_ids: dict[str, int] | None, max_length: in
     encoded = tokenizer(texts, truncation=True, max_length=max_length, return_offsets_mapping=True)
     features = []
     for index, row in enumerate(rows):
-        first = first_tokens(encoded["offset_mapping"][index], row["tokens"])
+        owners = token_words(encoded["offset_mapping"][index], row["tokens"])
+        tokens_of: dict[int, list[int]] = {}  # word -> its token positions, in order
+        for position, word in enumerate(owners):
+            if word is not None:
+                tokens_of.setdefault(word, []).append(position)
+        if token_labels == "first":
+            tokens_of = {word: positions[:1] for word, positions in tokens_of.items()}
         feature = {"input_ids": encoded["input_ids"][index], "attention_mask": encoded["attention_mask"][index],
-                   "_first_tokens": first, "_words": len(row["tokens"])}
+                   "_word_tokens": tokens_of, "_words": len(row["tokens"])}
         if tag_ids is not None:
             labels = [IGNORE] * len(feature["input_ids"])
-            for word, position in first.items():
-                labels[position] = tag_ids[row["tags"][word]]
+            for word, positions in tokens_of.items():
+                for position in positions:
+                    labels[position] = tag_ids[row["tags"][word]]
             feature["labels"] = labels
         features.append(feature)
     return features
 
 
+def voted_tags(feature: dict, predicted_ids: list[int], labels: list[str]) -> dict[int, str]:
+    """Word -> predicted tag, for the words that kept a token: the most frequent prediction over the word's labelled
+    tokens (one token under "first" labelling). Ties go to the smaller tag id: `max` over a set of small ints walks
+    them in ascending order, which is how EncodEval's vote breaks them."""
+    tags = {}
+    for word, positions in feature["_word_tokens"].items():
+        votes = [predicted_ids[p] for p in positions]
+        tags[word] = labels[max(sorted(set(votes)), key=votes.count)]
+    return tags
+
+
 def word_predictions(feature: dict, predicted_ids: list[int], labels: list[str]) -> list[str]:
-    """One tag per word: the prediction at its first token; "O" for words without a token (e.g. truncated)."""
+    """One tag per word; "O" for words without a token (e.g. truncated)."""
     words = ["O"] * feature["_words"]
-    for word, position in feature["_first_tokens"].items():
-        words[word] = labels[predicted_ids[position]]
+    for word, tag in voted_tags(feature, predicted_ids, labels).items():
+        words[word] = tag
     return words
 
 
@@ -73,17 +90,24 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
     def collate(feats):
         return pad_batch([{k: v for k, v in f.items() if not k.startswith("_")} for f in feats], pads)
 
-    features = encode_words(tokenizer, data["train"], tag_ids, max_length)
+    features = encode_words(tokenizer, data["train"], tag_ids, max_length, data.spec.token_labels)
     log = train(model, features, collate, lambda m, b: m(**b).loss, config,
                 f"{data.spec.name} lr={config.learning_rate:g}")
 
     metrics = {}
     for split in eval_splits:
         rows = data[split]
-        predicted_tags = []
+        predicted_tags, kept_gold, kept_predicted = [], [], []
         with torch.no_grad():
-            for chunk in batched(encode_words(tokenizer, rows, None, max_length), config.eval_batch_size):
-                for feature, ids in zip(chunk, model(**collate(chunk)).logits.argmax(-1).tolist()):
+            features = encode_words(tokenizer, rows, None, max_length, data.spec.token_labels)
+            for start, chunk in zip(range(0, len(features), config.eval_batch_size),
+                                    batched(features, config.eval_batch_size)):
+                for offset, (feature, ids) in enumerate(zip(chunk, model(**collate(chunk)).logits.argmax(-1).tolist())):
                     predicted_tags.append(word_predictions(feature, ids, data.labels))
-        metrics[split] = {"entity_f1": entity_f1([r["tags"] for r in rows], predicted_tags)}
+                    # EncodEval scores only the words that kept a token (a truncated word is in neither list)
+                    voted = voted_tags(feature, ids, data.labels)
+                    kept_gold.append([rows[start + offset]["tags"][w] for w in sorted(voted)])
+                    kept_predicted.append([voted[w] for w in sorted(voted)])
+        metrics[split] = {"entity_f1": entity_f1([r["tags"] for r in rows], predicted_tags),
+                          "sentence_macro_f1": sentence_macro_f1(kept_gold, kept_predicted)}
     return RunOutcome(metrics=metrics, log=log)

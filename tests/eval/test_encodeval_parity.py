@@ -2,6 +2,8 @@
 difference issue 25 lists; each builds its fixtures locally (no hub access)."""
 import json
 import math
+import random
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -97,3 +99,65 @@ def test_paper_fine_tuning_runs_in_bf16(family, tmp_path, tiny_model_dir, monkey
     assert seen == [{torch.bfloat16}]
     assert all(math.isfinite(v) for split in outcome.metrics.values() for v in split.values())
     assert ProtocolConfig().finetune_config(1e-4, 0, family).dtype == "float32"  # custom suites: fp32 as before
+
+
+def test_encodeval_token_score_is_the_mean_of_per_sentence_macro_f1():
+    # EncodEval eval_tasks/token_classification.py (MLM_vs_CLM): per sentence, sklearn's f1_score(average="macro")
+    # over the word tags (O included), then the mean over sentences — released TC results.json carry both
+    from mlmclm.eval.metrics import entity_f1, sentence_macro_f1
+
+    gold = [["O", "O"], ["B-PER", "O"], ["B-LOC", "I-LOC", "O"]]
+    pred = [["O", "O"], ["O", "O"], ["B-LOC", "I-LOC", "O"]]
+    # sentence 1: only O, all right -> 1.0; sentence 2: O has P 1/2, R 1 -> 2/3, B-PER 0 -> 1/3; sentence 3: 1.0
+    assert sentence_macro_f1(gold, pred) == pytest.approx((1 + 1 / 3 + 1) / 3)
+    assert entity_f1(gold, pred) == pytest.approx(2 / 3)  # seqeval: 1 of 2 gold entities, 1 predicted
+    assert sentence_macro_f1([["O"]], [["B-PER"]]) == 0.0  # O missed, B-PER spurious: both 0
+    with pytest.raises(ValueError, match="sequence 0 has no words"):
+        sentence_macro_f1([[]], [[]])
+    sklearn = pytest.importorskip("sklearn.metrics")
+    rng = random.Random(0)
+    tags = ["O", "B-PER", "I-PER", "B-LOC"]
+    gold = [[rng.choice(tags) for _ in range(rng.randint(1, 8))] for _ in range(50)]
+    pred = [[rng.choice(tags) if rng.random() < 0.5 else g for g in sentence] for sentence in gold]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn warns on labels without predictions (scored 0, as here)
+        reference = sum(sklearn.f1_score(g, p, average="macro") for g, p in zip(gold, pred)) / len(gold)
+    assert sentence_macro_f1(gold, pred) == pytest.approx(reference)
+
+
+def _wordpiece_tokenizer():
+    """Sub-word tokenizer: `alice` -> `al` `##ice`, `paris` -> `pa` `##ri` `##s`, other fixture words whole."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<unk>", "al", "##ice", "pa", "##ri", "##s", "lives",
+             "in", "bob"]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A <|end_of_text|>",
+                                                       special_tokens=[("<|begin_of_text|>", 0), ("<|end_of_text|>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                                   pad_token="<|pad|>", unk_token="<unk>")
+
+
+def test_paper_token_labels_every_subtoken_and_predicts_by_majority_vote(tmp_path):
+    # EncodEval: every sub-token carries its word's tag in training; a word's prediction is the most frequent
+    # prediction over its sub-tokens (ties: the smaller tag id, Python's set order for small ints)
+    from mlmclm.eval.token_classification import encode_words, word_predictions
+
+    tokenizer = _wordpiece_tokenizer()
+    rows = [{"tokens": ["alice", "lives", "in", "paris"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
+    tags = ["O", "B-LOC", "B-PER"]
+    ids = {t: i for i, t in enumerate(tags)}
+    spec = paper_task("conll2003", tmp_path)
+    assert spec.token_labels == "every" and spec.main_metric == "sentence_macro_f1"
+    [feature] = encode_words(tokenizer, rows, ids, 64, spec.token_labels)
+    pieces = tokenizer.convert_ids_to_tokens(feature["input_ids"])
+    assert pieces == ["<|begin_of_text|>", "al", "##ice", "lives", "in", "pa", "##ri", "##s", "<|end_of_text|>"]
+    assert feature["labels"] == [-100, 2, 2, 0, 0, 1, 1, 1, -100]  # first-sub-token labelling: [-100, 2, -100, ...]
+    # predictions per position: alice = (B-PER, O) tie -> O (id 0); paris = (O, B-LOC, B-LOC) -> B-LOC
+    predicted = [0, 2, 0, 0, 0, 0, 1, 1, 0]
+    assert word_predictions(feature, predicted, tags) == ["O", "O", "O", "B-LOC"]
+    first = encode_words(tokenizer, rows, ids, 64, "first")[0]
+    assert first["labels"] == [-100, 2, -100, 0, 0, 1, -100, -100, -100]
+    assert word_predictions(first, predicted, tags) == ["B-PER", "O", "O", "O"]

@@ -80,9 +80,9 @@ def test_a_word_without_tokens_does_not_shift_the_words_after_it(bpe_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(bpe_model_dir)
     row = {"tokens": ["Alice", "", "sat", "Iago"], "tags": ["B-PER", "O", "O", "B-PER"]}
     (feature,) = encode_words(tokenizer, [row], None, max_length=64)
-    assert sorted(feature["_first_tokens"]) == [0, 2, 3]  # the empty word has no token
+    assert sorted(feature["_word_tokens"]) == [0, 2, 3]  # the empty word has no token
     predicted = [0] * len(feature["input_ids"])
-    for word, position in feature["_first_tokens"].items():
+    for word, [position] in feature["_word_tokens"].items():
         predicted[position] = 1 if row["tags"][word] == "B-PER" else 0
     assert word_predictions(feature, predicted, ["O", "B-PER"]) == row["tags"]
 

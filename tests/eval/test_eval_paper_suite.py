@@ -97,5 +97,7 @@ def test_suite_paper_runs_on_local_fixtures_of_all_four_families(tmp_path, tiny_
     assert families["retrieval"]["tasks"] == ["mldr_en", "msmarco", "nq"]
     runs = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs" / "tiny").glob("*/*.json")}
     assert runs["sst2"]["steps"] == 3 and runs["conll2003"]["steps"] == 5  # TC: one epoch of 38 rows at 8
+    tc = runs["conll2003"]  # EncodEval's score is the main metric; seqeval's entity F1 is reported beside it
+    assert tc["main_metric"] == "sentence_macro_f1" and set(tc["test"]) == {"entity_f1", "sentence_macro_f1"}
     assert runs["nq"]["extra"]["trained_on"] == "msmarco" and runs["nq"]["fingerprint"] == runs["msmarco"]["fingerprint"]
     assert "5 % of train" in " ".join(runs["sst2"]["extra"]["notes"])

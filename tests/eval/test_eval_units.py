@@ -127,7 +127,7 @@ def test_only_the_first_sub_token_of_each_word_is_labelled(subword_tokenizer):
     (feature,) = encode_words(subword_tokenizer, rows, TAG_IDS, max_length=32)
     pieces = subword_tokenizer.convert_ids_to_tokens(feature["input_ids"])
     assert pieces == ["[CLS]", "ali", "##ce", "lives", "in", "new", "##york", "[SEP]"]
-    assert feature["_first_tokens"] == {0: 1, 1: 3, 2: 4, 3: 5}
+    assert feature["_word_tokens"] == {0: [1], 1: [3], 2: [4], 3: [5]}
     assert feature["labels"] == [IGNORE, TAG_IDS["B-PER"], IGNORE, 0, 0, TAG_IDS["B-LOC"], IGNORE, IGNORE]
 
 
@@ -142,5 +142,5 @@ def test_predictions_map_back_one_per_word_from_the_first_sub_token(subword_toke
 def test_truncated_words_are_predicted_outside(subword_tokenizer):
     rows = [{"tokens": ["bob", "lives", "in", "newyork"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
     (feature,) = encode_words(subword_tokenizer, rows, TAG_IDS, max_length=4)  # [CLS] bob lives [SEP]
-    assert feature["_first_tokens"] == {0: 1, 1: 2}
+    assert feature["_word_tokens"] == {0: [1], 1: [2]}
     assert word_predictions(feature, [0, 2, 0, 0], LABELS) == ["B-PER", "O", "O", "O"]
