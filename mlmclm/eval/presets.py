@@ -6,6 +6,10 @@ IR = MS MARCO, NQ, MLDR-en (trained once on MS MARCO, tested on all three). Spli
 the model's max_position_embeddings (rounded); MNLI and QQP pairs are one text ("Premise: …\nHypothesis: …",
 "Question 1: …\nQuestion 2: …", EncodEval's encodeval/datasets.py); retrieval uses "Query: " / "Document: " prefixes.
 
+Retrieval (EncodEval's BEIR-based sets, local folders only): msmarco/ holds train (the training pairs), validation
+(BEIR dev qrels) and test (BEIR test qrels = TREC-DL 2019); nq/ its BEIR test qrels as test (halved per seed, rows
+with the BEIR query `id`); mldr_en/ its dev as validation and its test.
+
 Hugging Face names need the network and are not exercised in tests; the hub schemas of OntoNotes, UNER, QED and
 the BEIR-style retrieval sets differ from ours, so those tasks read local folders in our schemas (docs/evaluation.md)
 — `paper_suite(data_root=...)` reads every task from `data_root/<task>/`.
@@ -55,8 +59,11 @@ PAPER_TASKS: dict[str, dict] = {
     "qed": dict(family="qa", hub=None),
     "record": dict(family="qa", hub=dict(hf_name="aps/super_glue", hf_config="record",
                                          columns={"context": "passage", "question": "query"})),
+    # EncodEval (encodeval/datasets.py): trained on MS MARCO pairs; MS MARCO validated on BEIR's dev qrels and
+    # tested on BEIR's "test" qrels (TREC-DL 2019); MLDR-en on its dev and test; NQ's BEIR test queries halved per
+    # seed; each set ranks against the documents of both its splits' qrels (retrieval.py)
     "msmarco": dict(family="retrieval", hub=None, query_prefix="Query: ", document_prefix="Document: ",
-                    extra_tests=("nq", "mldr_en")),
+                    split_protocol="official", extra_tests={"nq": "seeded_halves", "mldr_en": "official"}),
 }
 PAPER_TEST_ONLY = ("nq", "mldr_en")  # scored with the model fine-tuned on msmarco
 
@@ -73,14 +80,16 @@ def paper_task(name: str, data_root: Path | None = None) -> TaskSpec:
         hint = " (it is scored with the msmarco model: select msmarco)" if name in PAPER_TEST_ONLY else ""
         raise ValueError(f"unknown paper task {name!r}{hint}; known: {sorted(PAPER_TASKS)}")
     entry = PAPER_TASKS[name]
-    common = dict(name=name, family=entry["family"], split_protocol="paper", max_length=None,
+    common = dict(name=name, family=entry["family"], split_protocol=entry.get("split_protocol", "paper"),
+                  max_length=None,
                   split_names=entry.get("split_names", {}), query_prefix=entry.get("query_prefix", ""),
                   document_prefix=entry.get("document_prefix", ""), pair_template=entry.get("pair_template"),
                   token_labels=entry.get("token_labels", "first"), metric=entry.get("metric"))
-    extra = entry.get("extra_tests", ())
+    extra = entry.get("extra_tests", {})
     if data_root is not None:
-        return TaskSpec(path=str(Path(data_root) / name),
-                        extra_tests={t: {"path": str(Path(data_root) / t)} for t in extra}, **common)
+        return TaskSpec(path=str(Path(data_root) / name), **common,
+                        extra_tests={t: {"path": str(Path(data_root) / t), "split_protocol": protocol}
+                                     for t, protocol in extra.items()})
     if entry["hub"] is None:
         raise ValueError(f"paper task {name!r} has no hub loader here (its hub schema differs from ours): convert "
                          f"it to the {entry['family']} schema of docs/evaluation.md and pass --data-root")

@@ -202,9 +202,12 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
                                fingerprint=fingerprint, model_dir=str(directory),
                                seconds=round(time.perf_counter() - started, 3), extra={"notes": data.notes})
             for name, extra_path in extra_paths.items():
-                # trained once, tested on another set: its own task, LR chosen on the training task's validation
-                write_json_atomic(extra_path, asdict(replace(record, task=name, test=outcome.metrics[f"test:{name}"],
-                                                             extra={**record.extra, "trained_on": data.spec.name})))
+                # trained once, tested on another set: its own task, its LR chosen on its own validation split when
+                # it has one (EncodEval's NQ and MLDR), else on the training task's
+                write_json_atomic(extra_path, asdict(replace(
+                    record, task=name, test=outcome.metrics[f"test:{name}"],
+                    validation=outcome.metrics.get(f"validation:{name}", record.validation),
+                    extra={**record.extra, "trained_on": data.spec.name})))
             write_json_atomic(path, asdict(record))
         records.append(record)
         records += [_finished(p, fingerprint) for p in extra_paths.values()]

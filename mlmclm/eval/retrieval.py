@@ -1,8 +1,10 @@
 """Retrieval: mean-pooled bi-encoder (shared tower) trained with InfoNCE over in-batch negatives at temperature
-0.05, scored by NDCG@10 against the split's own corpus (every positive and negative passage of the split: with
-BEIR data converted to our schema, the documents of the qrels). Queries and passages get the task's prefixes
-("Query: " / "Document: " in the paper); the same fine-tuned model also scores the task's `extra_tests` (the paper
-trains once on MS MARCO and tests on MS MARCO, NQ and MLDR-en), reported as `test:<name>`."""
+0.05, scored by binary NDCG@10. The corpus: with the "official" / "seeded_halves" split protocols (BEIR-style sets,
+the paper's), the passages of both the validation and the test rows — EncodEval's corpus of both splits' qrels;
+otherwise each split's own passages. Queries and passages get the task's prefixes ("Query: " / "Document: " in the
+paper); the same fine-tuned model also scores the task's `extra_tests` (the paper trains once on MS MARCO and
+tests on MS MARCO, NQ and MLDR-en) on their own validation and test splits, reported as `validation:<name>` /
+`test:<name>` with the query and corpus counts."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,6 +38,21 @@ def corpus_of(rows) -> list[str]:
     return list(seen)
 
 
+def evaluation_sets(data: TaskData, seed: int) -> dict[str, dict[str, list]]:
+    """The sets a run scores: the task's own splits under "" and each extra set by name, with NQ-style sets halved
+    for this seed."""
+    sets = {"": {split: data.splits[split] for split in ("validation", "test") if split in data.splits}}
+    sets.update({name: extra.for_seed(seed) for name, extra in data.extra_tests.items()})
+    return sets
+
+
+def shared_corpus(data: TaskData, name: str) -> bool:
+    """Whether a set ranks against one corpus for both its splits — the documents of both splits' qrels, as
+    EncodEval builds BEIR/MLDR sets — rather than each split against its own passages."""
+    protocol = data.spec.split_protocol if not name else data.spec.extra_tests[name].get("split_protocol", "given")
+    return protocol in ("official", "seeded_halves")
+
+
 def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
                   eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
     tokenizer = load_tokenizer(model_dir)
@@ -61,8 +78,7 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
 
     log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
-    def score(rows):
-        corpus = corpus_of(rows)
+    def score(rows, corpus):
         doc_vectors = _embed(model, tokenizer, [document + p for p in corpus], max_length, config.eval_batch_size)
         query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], max_length,
                                config.eval_batch_size)
@@ -70,9 +86,14 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
         rankings = [[str(i) for i in ranked] for ranked in top]
         index = {passage: str(i) for i, passage in enumerate(corpus)}
         relevant = [{index[p] for p in r["positives"]} for r in rows]
-        return {"ndcg@10": ndcg_at_k(rankings, relevant, k=10)}
+        return {"ndcg@10": ndcg_at_k(rankings, relevant, k=10), "queries": len(rows), "corpus": len(corpus)}
 
-    metrics = {split: score(data[split]) for split in eval_splits}
-    if "test" in eval_splits:
-        metrics.update({f"test:{name}": score(rows) for name, rows in data.extra_tests.items()})
+    metrics = {}
+    for name, splits in evaluation_sets(data, config.seed).items():
+        shared = shared_corpus(data, name)
+        corpus = corpus_of([row for split in ("validation", "test") for row in splits.get(split, [])])
+        for split in eval_splits:
+            if split in splits:
+                key = split if not name else f"{split}:{name}"
+                metrics[key] = score(splits[split], corpus if shared else corpus_of(splits[split]))
     return RunOutcome(metrics=metrics, log=log)

@@ -10,12 +10,12 @@ Schemas (one JSON object per row; see docs/evaluation.md):
 from __future__ import annotations
 
 import json
-import math
-import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mlmclm.eval.splits import paper_validation_split, seeded_query_halves, shuffled
 
 FAMILIES = ("classification", "token_classification", "qa", "retrieval")
 SPLITS = ("train", "validation", "test")
@@ -24,9 +24,11 @@ MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1"
 # Other main metrics a task may choose (TaskSpec.metric); every run reports all of its family's metrics.
 OTHER_METRICS = {"token_classification": ("sentence_macro_f1",)}
 TOKEN_LABELS = ("first", "every")  # label each word's first sub-token, or all of them (EncodEval)
-_SPLIT_SEED = 0  # fixed so derived validation/test splits are identical across runs and models
-SPLIT_PROTOCOLS = ("given", "paper")
-PAPER_VALIDATION_FRACTION, PAPER_VALIDATION_SEED = 0.05, 42  # EncodEval: validation = 5 % of train, seed 42
+# "given": the source's splits, missing ones derived; "paper": validation = 5 % of train, test = the official
+# validation; "official": every split from its own file, none derived (BEIR-style retrieval sets: validation = dev
+# qrels, test = test qrels); "seeded_halves": an eval-only set given as one test split whose queries are halved
+# into validation and test per fine-tuning seed (EncodEval's NQ). Rules: splits.py.
+SPLIT_PROTOCOLS = ("given", "paper", "official", "seeded_halves")
 BIO_TAG = re.compile(r"O|[BI]-\S.*")  # IOB2: outside, or Begin/Inside of an entity type
 
 
@@ -119,10 +121,25 @@ class TaskData:
     splits: dict[str, list[dict[str, Any]]]
     labels: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    extra_tests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # retrieval: name -> test rows
+    extra_tests: dict[str, EvalSet] = field(default_factory=dict)  # retrieval: name -> its evaluation splits
 
     def __getitem__(self, split: str) -> list[dict[str, Any]]:
         return self.splits[split]
+
+
+@dataclass
+class EvalSet:
+    """An eval-only retrieval set (a task's `extra_tests` entry): "test" rows and, when the set has its own,
+    "validation" rows; with `seeded_halves` its one test split is halved per fine-tuning seed (EncodEval's NQ)."""
+
+    splits: dict[str, list[dict[str, Any]]]
+    seeded_halves: bool = False
+
+    def for_seed(self, seed: int) -> dict[str, list[dict[str, Any]]]:
+        if not self.seeded_halves:
+            return self.splits
+        validation, test = seeded_query_halves(self.splits["test"], seed)
+        return {"validation": validation, "test": test}
 
 
 def load_task_specs(path: Path) -> list[TaskSpec]:
@@ -187,6 +204,8 @@ def _source_splits(spec: TaskSpec) -> dict[str, str]:
     """Our split -> the source split it is read from."""
     if spec.split_protocol == "paper":
         return {"train": spec.split_names.get("train", "train"), "test": spec.split_names.get("test", "validation")}
+    if spec.split_protocol == "seeded_halves":
+        return {"test": spec.split_names.get("test", "test")}
     return {split: spec.split_names.get(split, split) for split in SPLITS}
 
 
@@ -268,7 +287,10 @@ def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> 
     if not positives:
         raise TaskDataError(f"{where}: 'positives' is empty")
     negatives = _require(row, "negatives", list, where, optional=True) or []
-    return {"query": _require(row, "query", str, where), "positives": positives, "negatives": negatives}
+    out = {"query": _require(row, "query", str, where), "positives": positives, "negatives": negatives}
+    if row.get("id") is not None:
+        out["id"] = str(row["id"])  # BEIR query id: what EncodEval sorts when halving NQ (splits.py)
+    return out
 
 
 def _normalise_rows(spec: TaskSpec, raw: SourceRows, locations: dict[int, str] | None = None) -> list[dict[str, Any]]:
@@ -283,24 +305,22 @@ def _normalise_rows(spec: TaskSpec, raw: SourceRows, locations: dict[int, str] |
     return normalised
 
 
-def paper_validation_split(rows: list) -> tuple[list, list]:
-    """(train, validation): ceil(5 %) of the rows drawn by numpy's default_rng(42) permutation — the selection
-    `datasets.Dataset.train_test_split(test_size=0.05, seed=42)` makes — and the rest, both in that order."""
-    import numpy as np
-
-    if len(rows) < 2:
-        raise TaskDataError(f"train has {len(rows)} row(s), too few to hold out a validation split")
-    order = np.random.default_rng(PAPER_VALIDATION_SEED).permutation(len(rows))
-    held = math.ceil(PAPER_VALIDATION_FRACTION * len(rows))
-    return [rows[i] for i in order[held:]], [rows[i] for i in order[:held]]
-
-
-def load_extra_tests(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
-    """The eval-only test sets of a retrieval task: a local folder's test (else validation) file, or an HF split."""
+def load_extra_tests(spec: TaskSpec) -> dict[str, EvalSet]:
+    """The eval-only sets of a retrieval task. Split protocol "official": its validation and test files (both
+    needed); "seeded_halves": its test file, halved per seed at run time; otherwise its test (else validation) file
+    alone, or the HF split — then the LR is chosen on the training task's validation."""
     out = {}
     for name, fields in spec.extra_tests.items():
         sub = TaskSpec.from_dict({"name": name, "family": "retrieval", **fields})
-        if sub.path is not None:
+        if sub.split_protocol in ("official", "seeded_halves"):
+            wanted = ("validation", "test") if sub.split_protocol == "official" else ("test",)
+            raw = _read_splits(sub)
+            missing = [split for split in wanted if split not in raw]
+            if missing:
+                raise TaskDataError(f"task {spec.name!r}: extra set {name!r} has no {' / '.join(missing)} split in "
+                                    f"{sub.path or 'hf:' + str(sub.hf_name)} (split protocol {sub.split_protocol!r})")
+            sources = {split: raw[split] for split in wanted}
+        elif sub.path is not None:
             folder = Path(sub.path)
             source = sub.split_names.get("test")
             rows = None
@@ -310,34 +330,42 @@ def load_extra_tests(spec: TaskSpec) -> dict[str, list[dict[str, Any]]]:
                     break
             if rows is None:
                 raise TaskDataError(f"task {spec.name!r}: extra test {name!r} has no test/validation file in {folder}")
+            sources = {"test": rows}
         else:
             raw = _read_hf_splits(TaskSpec(**{**sub.__dict__, "split_protocol": "paper"}))
             if "test" not in raw:
                 raise TaskDataError(f"task {spec.name!r}: extra test {name!r} has no such split in hf:{sub.hf_name}")
-            rows = raw["test"]
-        out[name] = _normalise_rows(sub, rows)
-        if not out[name]:
-            raise TaskDataError(f"task {spec.name!r}: extra test {name!r} in {rows.source} has no rows")
+            sources = {"test": raw["test"]}
+        splits = {}
+        for split, rows in sources.items():
+            splits[split] = _normalise_rows(sub, rows)
+            if not splits[split]:
+                raise TaskDataError(f"task {spec.name!r}: extra test {name!r} in {rows.source} has no rows")
+        out[name] = EvalSet(splits, seeded_halves=sub.split_protocol == "seeded_halves")
+        if out[name].seeded_halves:
+            try:
+                out[name].for_seed(0)  # refuse a set that cannot be halved now, not at the first run
+            except ValueError as err:
+                raise TaskDataError(f"task {spec.name!r}: extra set {name!r}: {err}") from err
     return out
 
 
-def _shuffled(rows: list, seed: int = _SPLIT_SEED) -> list:
-    rows = list(rows)
-    random.Random(seed).shuffle(rows)
-    return rows
+def _read_splits(spec: TaskSpec) -> dict[str, SourceRows]:
+    if spec.path is None:
+        return _read_hf_splits(spec)
+    folder = Path(spec.path)
+    if not folder.is_dir():
+        raise TaskDataError(f"task {spec.name!r}: data folder {folder} does not exist")
+    return {split: rows for split, source in _source_splits(spec).items()
+            if (rows := _read_local_split(folder, source)) is not None}
 
 
 def load_task(spec: TaskSpec) -> TaskData:
     """Load, validate and normalise a task; derive missing validation/test splits deterministically."""
-    if spec.path is not None:
-        folder = Path(spec.path)
-        if not folder.is_dir():
-            raise TaskDataError(f"task {spec.name!r}: data folder {folder} does not exist")
-        raw = {split: rows for split, source in _source_splits(spec).items()
-               if (rows := _read_local_split(folder, source)) is not None}
-        origin = str(folder)
-    else:
-        raw, origin = _read_hf_splits(spec), f"hf:{spec.hf_name}"
+    if spec.split_protocol == "seeded_halves":
+        raise TaskDataError(f"task {spec.name!r}: split protocol 'seeded_halves' is for eval-only sets (extra_tests)")
+    raw = _read_splits(spec)
+    origin = spec.path if spec.path is not None else f"hf:{spec.hf_name}"
     if "train" not in raw:
         raise TaskDataError(f"task {spec.name!r}: no train split in {origin} (expected train.jsonl or train.parquet)")
 
@@ -361,17 +389,26 @@ def load_task(spec: TaskSpec) -> TaskData:
         if "test" not in splits:
             raise TaskDataError(f"task {spec.name!r}: no '{_source_splits(spec)['test']}' split in {origin} "
                                 f"(the paper protocol tests on the official validation split)")
-        splits["train"], splits["validation"] = paper_validation_split(splits["train"])
+        try:
+            splits["train"], splits["validation"] = paper_validation_split(splits["train"])
+        except ValueError as err:
+            raise TaskDataError(f"task {spec.name!r}: {err}") from err
         notes.append(f"validation = 5 % of train (seed 42); test = the official "
                      f"'{_source_splits(spec)['test']}' split")
+    elif spec.split_protocol == "official":
+        missing = [split for split in ("validation", "test") if split not in splits]
+        if missing:
+            raise TaskDataError(f"task {spec.name!r}: no {' / '.join(_source_splits(spec)[m] for m in missing)} split "
+                                f"in {origin} (the 'official' protocol reads every split from its own file)")
+        notes.append("validation and test are the source's own splits (none derived)")
     elif "validation" not in splits and "test" not in splits:
-        rows = _shuffled(splits["train"])
+        rows = shuffled(splits["train"])
         tenth = max(1, len(rows) // 10)
         splits["validation"], splits["test"], splits["train"] = rows[:tenth], rows[tenth:2 * tenth], rows[2 * tenth:]
         notes.append("validation and test are each 10 % of train (shuffled with seed 0)")
     elif "test" not in splits or "validation" not in splits:
         present = "validation" if "validation" in splits else "test"
-        rows = _shuffled(splits[present])
+        rows = shuffled(splits[present])
         half = len(rows) // 2
         if half == 0:
             raise TaskDataError(f"task {spec.name!r}: {present} has one row, too few to derive the missing split")
@@ -379,11 +416,11 @@ def load_task(spec: TaskSpec) -> TaskData:
         notes.append(f"validation and test are the two halves of the labeled {present} split (seed 0)")
 
     if spec.max_train_examples is not None and len(splits["train"]) > spec.max_train_examples:
-        splits["train"] = _shuffled(splits["train"])[: spec.max_train_examples]
+        splits["train"] = shuffled(splits["train"])[: spec.max_train_examples]
     if spec.max_eval_examples is not None:
         for split in ("validation", "test"):
             if len(splits[split]) > spec.max_eval_examples:
-                splits[split] = _shuffled(splits[split])[: spec.max_eval_examples]
+                splits[split] = shuffled(splits[split])[: spec.max_eval_examples]
 
     labels: list[Any] = []
     if spec.family == "classification":

@@ -13,7 +13,7 @@ from eval_fixtures import WORDS, make_task_folder, save_tiny_model, write_jsonl
 from mlmclm.eval.presets import paper_task
 from mlmclm.eval.protocol import ProtocolConfig
 from mlmclm.eval.runner import finetune_and_score
-from mlmclm.eval.tasks import TaskSpec, load_task
+from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task
 from mlmclm.eval.training import budget_steps, default_max_length, load_tokenizer
 from tools.evaluate import main as evaluate
 
@@ -161,3 +161,76 @@ def test_paper_token_labels_every_subtoken_and_predicts_by_majority_vote(tmp_pat
     first = encode_words(tokenizer, rows, ids, 64, "first")[0]
     assert first["labels"] == [-100, 2, -100, 0, 0, 1, -100, -100, -100]
     assert word_predictions(first, predicted, tags) == ["B-PER", "O", "O", "O"]
+
+
+def _qrels_rows(prefix, n, rng, with_ids=False):
+    """Retrieval rows as BEIR-style qrels convert to our schema: one row per query, its relevant documents as
+    positives and the qrels' score-0 documents as negatives."""
+    rows = []
+    for i in range(n):
+        name, color = rng.choice(["alice", "bob", "carol", "dave"]), rng.choice(["red", "blue", "green"])
+        row = {"query": f"{prefix} color of {name} {i}", "positives": [f"{prefix} {name} is {color} {i}"],
+               "negatives": [f"{prefix} {name} is a cat {i}"]}
+        if with_ids:
+            row["id"] = f"test{i}"
+        rows.append(row)
+    return rows
+
+
+def test_nq_halves_are_their_random_sample_of_the_sorted_query_ids_per_seed():
+    # EncodEval encodeval/datasets.py nq(): random.sample(sorted(query ids), round(0.5 * n)) -> validation, the rest
+    # -> test, drawn after transformers.set_seed(seed) (abstract_eval.py seeds Python's random first)
+    from mlmclm.eval.splits import seeded_query_halves
+
+    rows = _qrels_rows("nq", 11, random.Random(0), with_ids=True)
+    for seed in (0, 1):
+        ids = sorted(r["id"] for r in rows)  # "test0", "test1", "test10", "test2", ...: string order
+        random.seed(seed)
+        expected = set(random.sample(ids, round(0.5 * len(ids))))
+        validation, test = seeded_query_halves(rows, seed)
+        assert {r["id"] for r in validation} == expected and len(validation) == 6  # round(5.5) = 6
+        assert {r["id"] for r in test} == set(ids) - expected
+    assert seeded_query_halves(rows, 0)[0] != seeded_query_halves(rows, 1)[0]
+
+
+def _retrieval_root(root, rng):
+    write_jsonl(root / "msmarco" / "train.jsonl", _qrels_rows("train", 24, rng))
+    write_jsonl(root / "msmarco" / "validation.jsonl", _qrels_rows("dev", 6, rng))  # BEIR msmarco dev qrels
+    write_jsonl(root / "msmarco" / "test.jsonl", _qrels_rows("dl19", 4, rng))  # BEIR msmarco test = TREC-DL 2019
+    write_jsonl(root / "nq" / "test.jsonl", _qrels_rows("nq", 9, rng, with_ids=True))  # BEIR nq test only
+    write_jsonl(root / "mldr_en" / "validation.jsonl", _qrels_rows("mldr-dev", 5, rng))
+    write_jsonl(root / "mldr_en" / "test.jsonl", _qrels_rows("mldr-test", 3, rng))
+
+
+def test_msmarco_validates_on_beir_dev_and_tests_on_trec_dl_with_all_of_train(tmp_path):
+    _retrieval_root(tmp_path, random.Random(0))
+    data = load_task(paper_task("msmarco", tmp_path))
+    assert len(data["train"]) == 24  # all of train: no 5 % held out
+    assert [r["query"].split()[0] for r in data["validation"]] == ["dev"] * 6
+    assert [r["query"].split()[0] for r in data["test"]] == ["dl19"] * 4
+    (tmp_path / "mldr_en" / "validation.jsonl").unlink()
+    with pytest.raises(TaskDataError, match=r"mldr_en.*validation"):
+        load_task(paper_task("msmarco", tmp_path))
+
+
+def test_each_retrieval_set_is_scored_on_its_own_splits_and_corpus(tmp_path, tiny_model_dir, capsys):
+    # EncodEval: corpus = the documents of both splits' qrels; NQ's validation/test = halves per seed; MLDR dev/test;
+    # the LR is then chosen per set on its own validation score
+    _retrieval_root(tmp_path / "paper", random.Random(0))
+    out = tmp_path / "out"
+    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(tmp_path / "paper"), "--task",
+                   "msmarco", "--lrs", "1e-3", "1e-4", "--seeds", "0", "--max-steps", "2", "--batch-size", "8",
+                   "--output", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    runs = {(p.parent.name, p.name): json.loads(p.read_text()) for p in (out / "runs" / "tiny").glob("*/*.json")}
+    counts = {task: ({s: (r[s]["queries"], r[s]["corpus"]) for s in ("validation", "test")})
+              for (task, name), r in runs.items() if name == "lr0.001_seed0.json"}
+    assert counts == {"msmarco": {"validation": (6, 20), "test": (4, 20)},  # 10 queries x 2 documents
+                      "nq": {"validation": (4, 18), "test": (5, 18)},  # round(4.5) = 4 of 9
+                      "mldr_en": {"validation": (5, 16), "test": (3, 16)}}
+    for task in ("msmarco", "nq", "mldr_en"):
+        mine = [r for (t, _), r in runs.items() if t == task]
+        best = max(sorted({r["learning_rate"] for r in mine}), key=lambda lr: (
+            sum(r["validation"]["ndcg@10"] for r in mine if r["learning_rate"] == lr), -lr))
+        summary = {t["task"]: t for t in json.loads((out / "summary.json").read_text())["tasks"]}
+        assert summary[task]["best_lr"] == best  # chosen on the set's own validation

@@ -12,9 +12,9 @@ CONFIG = FinetuneConfig(learning_rate=1e-3, seed=0, max_steps=12, batch_size=8)
 
 @pytest.mark.parametrize("family,metrics", [
     ("classification", ["accuracy"]),
-    ("token_classification", ["entity_f1"]),
+    ("token_classification", ["entity_f1", "sentence_macro_f1"]),
     ("qa", ["exact_match", "f1"]),
-    ("retrieval", ["ndcg@10"]),
+    ("retrieval", ["ndcg@10", "queries", "corpus"]),  # the counts say what the score was taken over
 ])
 def test_family_runs_end_to_end(tmp_path, tiny_model_dir, family, metrics):
     data = load_task(TaskSpec(name=family, family=family, path=str(make_task_folder(tmp_path, family)), max_length=48))
@@ -22,8 +22,8 @@ def test_family_runs_end_to_end(tmp_path, tiny_model_dir, family, metrics):
     assert set(outcome.metrics) == {"validation", "test"}
     for split in ("validation", "test"):
         assert set(outcome.metrics[split]) == set(metrics)
-        for value in outcome.metrics[split].values():
-            assert 0.0 <= value <= 1.0
+        for name, value in outcome.metrics[split].items():
+            assert 0.0 <= value <= 1.0 or name in ("queries", "corpus")
     assert outcome.log.steps == 6  # one epoch of 48 examples at batch 8 is below max_steps=12
     assert len(outcome.log.losses) == 6
 

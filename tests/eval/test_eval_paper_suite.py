@@ -68,7 +68,10 @@ def test_suite_has_the_papers_13_tasks():
                                     "squad_v2", "qed", "record", "msmarco", "nq", "mldr_en"])
     msmarco = next(s for s in specs if s.name == "msmarco")
     assert (msmarco.query_prefix, msmarco.document_prefix) == ("Query: ", "Document: ")
-    assert all(s.split_protocol == "paper" and s.max_length is None for s in specs)
+    assert all(s.max_length is None for s in specs)
+    assert {s.name: s.split_protocol for s in specs if s.split_protocol != "paper"} == {"msmarco": "official"}
+    assert {t: f["split_protocol"] for t, f in msmarco.extra_tests.items()} == {"nq": "seeded_halves",
+                                                                                 "mldr_en": "official"}
     with pytest.raises(ValueError, match="convert it to the token_classification schema"):
         paper_suite(names=["ontonotes5"])  # no hub loader: local data needed
     assert len(PAPER_TASKS) == 11
@@ -76,14 +79,16 @@ def test_suite_has_the_papers_13_tasks():
 
 def test_suite_paper_runs_on_local_fixtures_of_all_four_families(tmp_path, tiny_model_dir, capsys):
     root = tmp_path / "paper"
-    for task, family in (("sst2", "classification"), ("conll2003", "token_classification"), ("squad_v2", "qa"),
-                         ("msmarco", "retrieval")):
+    for task, family in (("sst2", "classification"), ("conll2003", "token_classification"), ("squad_v2", "qa")):
         make_task_folder(root / task, family, sizes=(40, 0, 12))
         (root / task / "validation.jsonl").unlink()
         (root / task / "test.jsonl").rename(root / task / "validation.jsonl")  # the official validation
+    make_task_folder(root / "msmarco", "retrieval", sizes=(40, 8, 8))  # train pairs, BEIR dev and test qrels
     rng = random.Random(3)
-    for extra in ("nq", "mldr_en"):
-        write_jsonl(root / extra / "test.jsonl", retrieval_rows(10, rng))
+    nq = [{**row, "id": f"test{i}"} for i, row in enumerate(retrieval_rows(10, rng))]  # one row per BEIR query
+    write_jsonl(root / "nq" / "test.jsonl", nq)
+    for split in ("validation", "test"):
+        write_jsonl(root / "mldr_en" / f"{split}.jsonl", retrieval_rows(6, rng))
     out = tmp_path / "out"
     rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(root), "--task", "sst2",
                    "--task", "conll2003", "--task", "squad_v2", "--task", "msmarco", "--lrs", "1e-3", "--seeds", "0",
