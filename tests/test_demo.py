@@ -40,6 +40,12 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     runs = {p.name for p in (out / "eval" / "runs").iterdir()}
     assert runs == {"random init", "CLM25", "CLM25→MLM75"}
     assert (out / "plots.png").stat().st_size > 0
+    assert "the demo's bar for using context" in console
+    # Again: the finished run is reused, and the console says so instead of looking like a 30 s training run.
+    again = subprocess.run([sys.executable, "-m", "mlmclm.demo", "--steps", "8", "--skip-eval", "--output", str(out)],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"{out / 'run'} already holds this run at step 8 of 8: reusing it" in again.stdout
 
 
 def test_unigram_fill_mask_baseline_scores_the_models_masked_tokens():
