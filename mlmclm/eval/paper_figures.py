@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from mlmclm.eval.paper_report import FAMILY_SHORT
 from mlmclm.eval.protocol import RunRecord
 from mlmclm.eval.summary import family_results
+from mlmclm.eval.tasks import FAMILY_SHORT
 
 OBJECTIVE_COLOURS = {"MLM": "tab:blue", "CLM": "tab:orange", "biphasic": "tab:green", "CPT": "tab:purple"}
 BIPHASIC_PNG, EFFICIENCY_PNG, STABILITY_PNG = "biphasic.png", "data_efficiency.png", "stability.png"

@@ -19,8 +19,8 @@ from mlmclm.eval.data_efficiency import CURVE_FILE
 from mlmclm.eval.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
 from mlmclm.eval.protocol import RUNS_FOLDER, RunRecord
 from mlmclm.eval.summary import family_results, task_results
+from mlmclm.eval.tasks import FAMILY_SHORT
 
-FAMILY_SHORT = {"classification": "SC", "token_classification": "TC", "qa": "QA", "retrieval": "IR"}
 REPORT_FILE = "report.md"
 TABLE_MD, TABLE_CSV = "main_table.md", "main_table.csv"
 # Fields a run JSON must carry (those of RunRecord without a default), and the type each must have.

@@ -18,6 +18,7 @@ from typing import Any
 from mlmclm.eval.splits import paper_validation_split, seeded_query_halves, shuffled
 
 FAMILIES = ("classification", "token_classification", "qa", "retrieval")
+FAMILY_SHORT = {"classification": "SC", "token_classification": "TC", "qa": "QA", "retrieval": "IR"}  # the paper's
 SPLITS = ("train", "validation", "test")
 MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1", "qa": "f1",
                "retrieval": "ndcg@10"}
