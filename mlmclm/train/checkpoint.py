@@ -268,6 +268,26 @@ def _keep_step_when_loading(inner) -> None:
     inner._set_main_param_and_optimizer_states = set_states
 
 
+def _fit_groups_to_fused_adam(torch_optimizer, path: Path) -> None:
+    """Make parameter groups loaded from a torch-AdamW checkpoint (CPU, or a GPU image without TE) usable by TE's or
+    apex's FusedAdam, which megatron builds where TE/apex import. megatron restores the saved groups as they were:
+    - the Adam step: FusedAdam keeps it in each group as an int (TE's kernel takes a C int and raises a TypeError
+      for anything else); torch's is stored there as a float, 3.0 (megatron reads it from torch's per-parameter
+      step tensors). Cast; a fractional or negative step comes from no Adam and is refused;
+    - FusedAdam's own hyperparameters (`bias_correction`), which torch's groups lack: its step reads them, so a
+      missing one raises KeyError. Taken from this optimizer's defaults, as a group added to it would be."""
+    for group in torch_optimizer.param_groups:
+        for key, value in torch_optimizer.defaults.items():
+            group.setdefault(key, value)
+        step = group.get("step")
+        if step is None or (isinstance(step, int) and not isinstance(step, bool)):
+            continue
+        value = float(step)
+        if not value.is_integer() or value < 0:
+            raise CheckpointError(f"{path}: the optimizer's Adam step {step!r} is not a whole number")
+        group["step"] = int(value)
+
+
 def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     """Resume: model, optimizer, scheduler and (same layout only) RNG states. Returns the saved train state."""
     sharded = model_sharded_state_dict(ddp_chunks)
@@ -290,6 +310,8 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
         for param_state in inner.optimizer.state.values():
             if isinstance(param_state.get("step"), torch.Tensor):
                 param_state["step"] = param_state["step"].clone()
+        if not keeps_step_per_parameter(inner.optimizer):
+            _fit_groups_to_fused_adam(inner.optimizer, path)
     train_state = read_json(path, TRAIN_STATE)
     scheduler.load_state_dict(train_state["scheduler"])
     rng_file = Path(path) / "rng" / f"{_rank_tag()}.pt"
