@@ -48,6 +48,7 @@ from mlmclm.model.precision import fp8_attention_here, transformer_engine_availa
 from mlmclm.objectives import ObjectiveConfig, build_objective  # noqa: E402
 from mlmclm.parallel import ParallelConfig, current_device, destroy_parallel, init_parallel  # noqa: E402
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp  # noqa
+from mlmclm.train.signals import StopRequest  # noqa: E402
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step  # noqa: E402
 
 SPECIAL_IDS = [0, 1, 2, 3]  # pad, bos, eos, mask: never drawn as data, never masked
@@ -242,6 +243,9 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, opt_cfg, ScheduleConfig(style="constant"), total_steps=10**6)
         configure_model_for_schedules(self.ddp, self.optimizer)
         self.objective_configs = {kind: ObjectiveConfig(kind) for kind in ("mlm", "clm")}
+        # pretrain's step reads an agreed stop flag with its other numbers; no signal handler here (the session
+        # script's timeout must still be able to stop this process).
+        self.stop = StopRequest(signals=())
         self.objectives = {kind: build_objective(self.objective_configs[kind], special_token_ids=SPECIAL_IDS,
                                                  mask_token_id=MASK_ID, vocab_size=self.model_cfg.vocab_size,
                                                  seed=seed) for kind in ("mlm", "clm")}
@@ -269,7 +273,7 @@ class Trainer:
             gc.enable()
         batch, positions = batch_and_positions
         result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head,
-                            predicted_positions=positions)
+                            predicted_positions=positions, stop_flag=self.stop.agreed_flag)
         self.steps_done += 1
         self.manual_gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):
@@ -487,7 +491,8 @@ def feature_table(cfg: CheckConfig, peak: float | None, deadline: float, failure
 def host_syncs_per_step(trainer: Trainer, batches, steps: int) -> list[int] | None:
     """How often each training step makes the host wait for the GPU, as CUDA's sync debug mode reports it (one
     warning per synchronising call: `.item()`, `.tolist()`, `nonzero`, a device-to-host copy). Issue #12's target
-    is one per step (mlmclm.train.step.train_step's read). None without CUDA (the CPU tests count the reads
+    is one per step (mlmclm.train.step.train_step's read), through the step pretrain runs, its agreed stop flag
+    included (issue 23: that flag was a host-to-device copy per step). None without CUDA (the CPU tests count the reads
     themselves: tests/train/test_training_run.py)."""
     if not on_gpu():
         return None

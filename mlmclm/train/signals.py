@@ -29,9 +29,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class StopRequest:
     """SIGTERM / SIGUSR1 ask for a save at the next step boundary, then a clean exit."""
 
-    def __init__(self):
+    def __init__(self, signals=STOP_SIGNALS):
+        """`signals=()` installs no handler: the flag is still made and reduced every step (a benchmark running
+        pretrain's step must stay killable by its own timeout's SIGTERM)."""
         self.requested = False
-        for sig in STOP_SIGNALS:
+        self._flag: torch.Tensor | None = None
+        for sig in signals:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
@@ -39,10 +42,16 @@ class StopRequest:
 
     def agreed_flag(self) -> torch.Tensor:
         """[1] int32 on the device, nonzero when any rank was asked to stop: the reduction is launched here and
-        read by the caller with the step's other numbers (`train_step(stop_flag=...)`), not on its own."""
-        flag = torch.tensor([int(self.requested)], dtype=torch.int32, device=current_device())  # NCCL: on the GPU
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
-        return flag
+        read by the caller with the step's other numbers (`train_step(stop_flag=...)`), not on its own.
+
+        One tensor for the run, refilled in place: `torch.tensor([...], device=cuda)` each step copied from pageable
+        host memory, a copy that waits for everything queued on the GPU (the whole backward) — a second host
+        synchronisation per step. `fill_` with a Python number is a kernel launch taking the value as an argument."""
+        if self._flag is None:
+            self._flag = torch.zeros(1, dtype=torch.int32, device=current_device())  # NCCL: on the GPU
+        self._flag.fill_(int(self.requested))
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank at the same step
+        return self._flag
 
 
 @contextlib.contextmanager
