@@ -103,6 +103,16 @@ def peak_gpu_memory_gb() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
 
+def cuda_rng_state() -> torch.Tensor | None:
+    """The state of CUDA's default generator on this process's device; None without CUDA."""
+    return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+
+
+def set_cuda_rng_state(state: torch.Tensor) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_rng_state(state)
+
+
 def current_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())

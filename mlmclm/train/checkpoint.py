@@ -4,7 +4,8 @@ Layout of a run's checkpoint directory:
     iter_0000100/                 dist_checkpointing shards (model + optimizer), reshardable to any TP/PP/DP
     iter_0000100/run_config.json  the full TrainConfig plus the tokenizer identity
     iter_0000100/train_state.json iteration, tokens, phase, loader and scheduler state (plain JSON)
-    iter_0000100/rng/             per-rank RNG states (restored only on the same layout)
+    iter_0000100/rng/             per-rank generator states: torch, CUDA, megatron's tracker, random, numpy
+                                  (restored only on the same layout; plain tensors and numbers, rng_state.py)
     latest_checkpointed_iteration.txt
 A checkpoint is written under a temporary name and renamed when every rank has finished, then `latest` is
 replaced atomically: a crash mid-save leaves the previous checkpoint as latest. Loading runs no code stored in a
@@ -25,6 +26,7 @@ from megatron.core import dist_checkpointing, parallel_state
 
 from mlmclm.model.weights import unwrap
 from mlmclm.train import checkpoint_guard
+from mlmclm.train import rng_state
 
 checkpoint_guard.install()
 
@@ -108,10 +110,7 @@ def _inner_optimizers(optimizer) -> list:
 
 
 def _rng_state() -> dict:
-    from megatron.core import tensor_parallel
-
-    tracker = tensor_parallel.get_cuda_rng_tracker()
-    return {"torch": torch.get_rng_state(), "tracker": {k: v for k, v in tracker.get_states().items()}}
+    return rng_state.capture()
 
 
 def _write_json_atomic(path: Path, data) -> None:
@@ -317,11 +316,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     rng_file = Path(path) / "rng" / f"{_rank_tag()}.pt"
     layout = train_state.get("layout", {})
     if layout == _current_layout() and rng_file.exists():
-        from megatron.core import tensor_parallel
-
-        rng = torch.load(rng_file, weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+        rng_state.restore(torch.load(rng_file, weights_only=True))
     else:
         log.info("checkpoint saved at layout %s: RNG states not restored on this layout", layout)
     return train_state

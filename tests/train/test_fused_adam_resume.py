@@ -1,7 +1,8 @@
 """Resume under Transformer Engine's FusedAdam — the optimizer megatron builds on GPU images with TE — through its
 CPU stand-in (fused_adam_standin.py), in the GPU regime (bf16 parameters, fp32 main parameters, distributed optimizer
 over DP=2): exact resume across the CLM→MLM switch, a checkpoint of torch's AdamW resumed under TE and back,
-DP2→DP1 resharding and continued pretraining.
+DP2→DP1 resharding and continued pretraining. Also: Python's `random` and numpy's generator continue across a
+resume (their states are in the checkpoint).
 
 What these guard, as seen on the old code: adding torch Adam's per-parameter `step` on load made TE's `state_dict`
 raise KeyError: 'step' on every resume (an H200 run); a torch-AdamW checkpoint left the float step megatron stores
@@ -90,6 +91,16 @@ def test_te_resume_from_before_the_switch_is_exact(runs):
     for step in range(4, sc.TOTAL + 1):
         assert phase_loss(ours[step]) == phase_loss(ref[step]), step  # bit for bit
         assert ours[step]["train/grad_norm"] == ref[step]["train/grad_norm"], step
+
+
+def test_random_and_numpy_streams_continue_across_a_resume(runs):
+    """Each step draws from `random` and numpy's global generator: after the resume from step 3 the draws are the
+    reference's draws of the same steps (the checkpoint restored both generators on the same layout)."""
+    ref, exact = runs["reference"]["draws"], runs["exact"]["draws"]
+    assert sorted(exact, key=int) == [str(s) for s in range(4, sc.TOTAL + 1)]
+    assert all(exact[step] == ref[step] for step in exact), (exact, ref)
+    rng_file = runs["exact"]["dir"] / "checkpoints" / "iter_0000003" / "rng"
+    assert sorted(p.name for p in rng_file.iterdir()) == ["tp0_pp0_dp0.pt", "tp0_pp0_dp1.pt"]
 
 
 def test_a_torch_adamw_checkpoint_resumes_under_te_with_its_step_cast_to_int(runs):
