@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     for step in sorted(shown & set(held_out)):   # a few, the CLM phase end and the last
         _say(console, f"        step {step:>4}: CLM {held_out[step]['val/clm/loss']:.3f}, "
                       f"MLM {held_out[step]['val/mlm/loss']:.3f}")
-    _say(console, f"      TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    _say(console, f"      TensorBoard: tensorboard --logdir_spec demo:{run_dir / 'tensorboard'} (tabs: Time Series; "
+                  f"Custom Scalars for both objectives and the validation on one chart; Text for the config and "
+                  f"the phase switch)")
 
     _say(console, "[3/5] exporting to Hugging Face EuroBERT: CLM phase end, final, and a random-initialised baseline")
     from mlmclm.convert.to_hf import export_checkpoint

@@ -21,7 +21,7 @@ def memory_gb() -> float:
 
 class MetricsLogger:
     def __init__(self, tensorboard_dir: Path | None, log_interval: int, enabled: bool, hparams: dict,
-                 phase_names: list[str], metrics_file: Path | None = None):
+                 phase_names: list[str], metrics_file: Path | None = None, mfu: bool = True):
         self.enabled = enabled
         self.log_interval = log_interval
         self.writer = None
@@ -32,22 +32,23 @@ class MetricsLogger:
 
             self.writer = SummaryWriter(log_dir=str(tensorboard_dir))
             self.writer.add_text("config", "```json\n" + json.dumps(hparams, indent=1) + "\n```", 0)
-            self._layout(phase_names)
+            self._layout(phase_names, mfu)
         self._last = time.perf_counter()
 
-    def _layout(self, phase_names: list[str]) -> None:
-        """Group the charts: one loss/accuracy chart across objectives, throughput, optimisation."""
+    def _layout(self, phase_names: list[str], mfu: bool) -> None:
+        """Group the charts: one loss/accuracy chart across objectives, throughput, optimisation. No MFU chart where
+        the device's peak is unknown (CPU): it would stay empty."""
         objectives = sorted(set(phase_names))
+        throughput = {"tokens/s": ["Multiline", ["perf/tokens_per_s"]],
+                      "TFLOP/s per GPU": ["Multiline", ["perf/tflops_per_gpu"]]}
+        if mfu:
+            throughput["MFU"] = ["Multiline", ["perf/mfu"]]
         self.writer.add_custom_scalars({
             "objectives": {
                 "loss": ["Multiline", [f"train/{o}/loss" for o in objectives]],
                 "accuracy": ["Multiline", [f"train/{o}/accuracy" for o in objectives]],
             },
-            "throughput": {
-                "tokens/s": ["Multiline", ["perf/tokens_per_s"]],
-                "TFLOP/s per GPU": ["Multiline", ["perf/tflops_per_gpu"]],
-                "MFU": ["Multiline", ["perf/mfu"]],
-            },
+            "throughput": throughput,
             "validation": {  # held-out losses of both objectives, whatever the run trains
                 "loss": ["Multiline", ["val/clm/loss", "val/mlm/loss"]],
                 "accuracy": ["Multiline", ["val/clm/accuracy", "val/mlm/accuracy"]],
@@ -103,9 +104,16 @@ class MetricsLogger:
             if self.writer is not None:
                 self.writer.add_text(tag, message, step)
 
-    def hparams(self, hparams: dict, final: dict) -> None:
+    def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
+        """The HParams tab: this run's settings beside the last values of its own curves (`metric_tags`).
+
+        Written into the run itself, not as torch's `add_hparams` does (a second run named "hparams" holding one
+        point per metric, whose single-point cards then opened TensorBoard's Time Series view)."""
         if self.writer is not None:
-            self.writer.add_hparams(hparams, final, run_name="hparams")
+            from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+            for summary in hparams_summary(hparams, dict.fromkeys(metric_tags, 0.0)):
+                self.writer.file_writer.add_summary(summary)
 
     def close(self) -> None:
         if self.metrics_file is not None:

@@ -252,13 +252,13 @@ class _Run:
         if self.rank0:
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             _rewind_metrics(Path(cfg.run_dir) / "metrics.jsonl", self.iteration)
+        peak = _peak_tflops(cfg)
         logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
                                self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
-                               metrics_file=Path(cfg.run_dir) / "metrics.jsonl")
+                               metrics_file=Path(cfg.run_dir) / "metrics.jsonl", mfu=peak is not None)
         final_losses: dict[str, float] = {}
         gc_control = ManualGC(cfg.manual_gc_interval)
         gc_control.start()
-        peak = _peak_tflops(cfg)
         current, objective, flops_per_step = None, None, 0.0
         status = "completed"
         # A segment (checkpoint.stop_at) ends early, saved; a requeued segment that already got there trains nothing.
@@ -324,7 +324,8 @@ class _Run:
             logger.hparams({"model": cfg.model.name, "phases": "→".join(p.name for p in cfg.phases),
                             "total_steps": cfg.total_steps, "global_batch_size": cfg.global_batch_size,
                             "lr": cfg.optimizer.lr},
-                           {f"final/{k}/loss": v for k, v in final_losses.items()})
+                           [f"train/{name}/loss" for name in dict.fromkeys(p.name for p in cfg.phases)]
+                           + (["val/clm/loss", "val/mlm/loss"] if self.validator is not None else []))
         finally:
             gc_control.stop()
             logger.close()

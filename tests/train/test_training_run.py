@@ -86,6 +86,20 @@ def test_tensorboard_has_the_promised_tags(reference):
     assert len(events.Scalars("train/mlm/loss")) == sc.TOTAL - sc.SWITCH
     texts = " ".join(t.tensor_proto.string_val[0].decode() for t in events.Tensors("phase/text_summary"))
     assert "switch to phase 1 'mlm'" in texts
+    # TensorBoard's first screen: the run's own curves. No second run holding single-point "final" cards, no
+    # empty MFU chart on CPU; the HParams tab reads the run's own loss curves.
+    assert [p.name for p in (run_dir / "tensorboard").iterdir() if p.is_dir()] == []
+    assert not any(tag.startswith("final/") for tag in scalars) and "perf/mfu" not in scalars
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    layout = layout_pb2.Layout.FromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {chart.title for category in layout.category for chart in category.chart}
+    assert "MFU" not in charts and {"loss", "tokens/s", "lr"} <= charts
+    hparams = [plugin_data_pb2.HParamsPluginData.FromString(content) for content in
+               events.PluginTagToContent("hparams").values()]
+    metrics = {m.name.tag for h in hparams if h.HasField("experiment") for m in h.experiment.metric_infos}
+    assert {"train/clm/loss", "train/mlm/loss"} <= metrics
 
 
 def test_torn_save_is_removed_and_a_resume_from_before_the_switch_is_exact(reference, data, tmp_path):
