@@ -110,6 +110,7 @@ def slurm_executor(
     preemption_notice_s: int = 120,
     package_code: bool = False,
     max_requeues: int = 3,
+    rdzv_port: int = 29500,
 ) -> run.SlurmExecutor:
     """sbatch + srun, one torchrun per node with `gpus_per_node` ranks; in a pyxis container when an image is set,
     else bare-metal: the job runs `python_env` (default: this interpreter's environment) from `shared_dirs`.
@@ -134,7 +135,11 @@ def slurm_executor(
     host = _setting("host", host)
     tunnel = (run.SSHTunnel(host=host, user=_setting("user", user) or os.environ.get("USER", ""), job_dir=job_dir)
               if host else run.LocalTunnel(job_dir=job_dir))
-    env_vars = {**SLURM_ENV, **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+    if preemption_notice_s < 1:
+        raise ValueError(f"preemption_notice_s must be >= 1, got {preemption_notice_s}")
+    env_vars = {**SLURM_ENV, **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""}),
+                # torchrun's wait for the ranks' save stays inside the notice
+                "PET_SHUTDOWN_TIMEOUT": str(max(1, preemption_notice_s - 10))}
     image = _setting("container_image", container_image)
     setup = [requeue_policy(max_requeues)]
     container_mounts = list(mounts or [])
@@ -153,6 +158,10 @@ def slurm_executor(
                                  f"image (bare-metal) the job reads and writes host paths: set data_path= and "
                                  f"run_dir= on the recipe instead, under {SETTINGS['shared_dirs'][0]}")
         refuse_unreachable("job_dir", job_dir, shared, SETTINGS["job_dir"][0])
+        for what, path in (("job_dir", job_dir), ("python_env", prefix), ("shared_dirs", ":".join(shared))):
+            if "/nemo_run" in path:  # NeMo-Run rewrites every "/nemo_run" of a container-less sbatch script
+                raise ValueError(f"{what} {path} contains '/nemo_run', which NeMo-Run replaces with the job folder "
+                                 f"in a script without a container (so the job would look elsewhere); rename it")
         env_vars.update({"PATH": f"{prefix}/bin:$PATH", SETTINGS["shared_dirs"][0]: ":".join(shared),
                          "VIRTUAL_ENV": prefix})
         setup.append(torchrun_shim(prefix))
@@ -168,7 +177,7 @@ def slurm_executor(
         cpus_per_task=cpus,
         srun_args=[f"--cpus-per-task={cpus}", "--cpu-bind=cores"],
         gpus_per_node=gpus_per_node if gpus else None,
-        exclusive=exclusive,  # whole nodes: NVLink/IB topology and memory are not shared with other jobs
+        exclusive=exclusive or None,  # whole nodes: NVLink/IB topology and memory are not shared with other jobs
         # no `B:`: Slurm signals every process of the job step (agent, ranks, their helpers), each saves or ignores
         signal=f"USR1@{preemption_notice_s}",
         container_image=image or None,
@@ -177,7 +186,8 @@ def slurm_executor(
         setup_lines="\n".join(setup),
         tunnel=tunnel,
         packager=run.GitArchivePackager() if package_code else run.Packager(),
-        launcher="torchrun",
+        # torchrun's rendezvous on the first node; jobs sharing a host (a test cluster) need distinct ports
+        launcher=run.Torchrun(rdzv_port=rdzv_port),
         torchrun_nproc_per_node=gpus_per_node,
         job_name_prefix="mlmclm-",
         # the script's own requeue test (TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT) is lifted; requeue_policy decides
@@ -245,6 +255,11 @@ def bare_metal_env(python_env: str | None, shared: list[str], check_local: bool 
                          f"prefix")
     refuse_unreachable("python_env", prefix, shared, SETTINGS["shared_dirs"][0],
                        hint=f" or name one there with {SETTINGS['python_env'][0]}")
+    if python_env is None:  # this environment: an editable install imports mlmclm from a checkout outside it
+        import mlmclm
+
+        refuse_unreachable("mlmclm (imported by this environment from)", str(Path(mlmclm.__file__).parent.parent),
+                           shared, SETTINGS["shared_dirs"][0])
     return prefix
 
 

@@ -133,6 +133,10 @@ class LocalSlurm:
             raise RuntimeError(f"a cluster is already running from {self.root}; `down` it first")
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
+        for parent in self.root.parents:  # munged runs as the munge user: it must reach its folder
+            if not parent.stat().st_mode & 0o001:
+                raise RuntimeError(f"{parent} is not searchable by other users, so munged (user munge) cannot reach "
+                                   f"{self.root}/munge; put the cluster elsewhere (e.g. under /tmp)")
         self.write_config()
         munge = self.root / "munge"
         env = {**os.environ, "SLURM_CONF": str(self.conf)}

@@ -97,6 +97,7 @@ def job_logs(folder: Path, job_id: str) -> list[Path]:
     return starts + sorted(folder.rglob(f"sbatch_*_{job_id}.out"))
 
 
+_PREFIX = re.compile(r"^\[default\d+\]:(\[rank\d+\]:)?", re.M)  # torchrun's per-rank line prefixes
 _ERROR = re.compile(r"Traceback|Error|error:|not requeued")
 
 
@@ -107,7 +108,7 @@ def error_lines(folder: Path, job_id: str, lines: int = 12) -> list[str]:
     out = []
     task_logs = [p for p in logs if p.name.startswith("log-")]
     if task_logs:
-        text = task_logs[-1].read_text(errors="replace").rstrip().splitlines()
+        text = _PREFIX.sub("", task_logs[-1].read_text(errors="replace")).rstrip().splitlines()
         hits = [i for i, line in enumerate(text) if _ERROR.search(line)]
         end = min(len(text), hits[-1] + 3) if hits else len(text)
         out += [f"({task_logs[-1]})"] + text[max(0, end - lines):end]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import fiddle as fdl
 import nemo_run as run
+from invoke.exceptions import UnexpectedExit
 
 from mlmclm.config_io import parse_value
 from mlmclm.data.manifest import MANIFEST_NAME
@@ -181,21 +182,18 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
             if dryrun:
                 exp.dryrun(log=not slurm, delete_exp_dir=False)
             else:
-                exp.run(detach=detach or slurm, tail_logs=False)
+                try:
+                    exp.run(detach=detach or slurm, tail_logs=False)
+                except UnexpectedExit as err:  # sbatch (through NeMo-Run's tunnel) refused the script
+                    raise TaskFailedError(f"submission failed: {err.result.command}: "
+                                          f"{(err.result.stderr or err.result.stdout).strip()}") from None
         if slurm:
             if dryrun:
                 print_slurm_dryrun(exp)
                 return exp
-            jobs = slurm_jobs(exp)
-            print("submitted: " + ", ".join(f"{name} = Slurm job {job_id}" for name, job_id in jobs.items())
-                  + f"; logs under {exp._exp_dir}", flush=True)
+            jobs, statuses = follow_slurm(exp, detach)
             if detach:
                 return exp
-            from cluster.slurm_jobs import wait_for_jobs
-
-            states = wait_for_jobs(jobs, log=lambda line: print(line, flush=True))
-            statuses = {name: {"status": "SUCCEEDED" if s.state == "COMPLETED" else s.describe()}
-                        for name, s in states.items()}
         else:
             statuses = {} if dryrun or detach else exp.status(return_dict=True)
     failed = {name: str(info["status"]) for name, info in statuses.items() if str(info["status"]) != "SUCCEEDED"}
@@ -222,6 +220,21 @@ def slurm_jobs(exp: run.Experiment) -> dict[str, str]:
     return {job.id: job_id_of(job.handle) for job in exp.jobs}
 
 
+def follow_slurm(exp: run.Experiment, detach: bool) -> tuple[dict[str, str], dict[str, dict]]:
+    """Print the job ids of a submitted experiment; unless `detach`, wait for them (printing each change of state)
+    and return task name → {"status": "SUCCEEDED" or Slurm's final state}."""
+    from cluster.slurm_jobs import wait_for_jobs
+
+    jobs = slurm_jobs(exp)
+    print("submitted: " + ", ".join(f"{name} = Slurm job {job_id}" for name, job_id in jobs.items())
+          + f"; logs under {exp._exp_dir}", flush=True)
+    if detach:
+        return jobs, {}
+    states = wait_for_jobs(jobs, log=lambda line: print(line, flush=True))
+    return jobs, {name: {"status": "SUCCEEDED" if s.state == "COMPLETED" else s.describe()}
+                  for name, s in states.items()}
+
+
 def print_slurm_dryrun(exp: run.Experiment) -> None:
     """For each task: the mode (container or bare-metal), what it asks Slurm for, and its sbatch script verbatim
     (plain print, so nothing is wrapped and it can be copied)."""
@@ -238,7 +251,8 @@ def print_slurm_dryrun(exp: run.Experiment) -> None:
               f"with the recipe's nodes=, executor.time=, executor.cpus_per_task=\n"
               f"sbatch script ({scripts[0] if scripts else 'not written'}):")
         if scripts:
-            sys.stdout.write(scripts[0].read_text())
+            text = scripts[0].read_text()
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
 
 

@@ -295,18 +295,23 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     """One experiment of `launch_jobs(runs)`: on Slurm each job depends (afterok) on the jobs it waits for and
     the others start together; locally the jobs go one after the other in that order (which has every job after
     those it waits for)."""
-    with run.Experiment(title, log_level="WARN") as exp:
+    slurm = executor_kind == "slurm"
+    with run.Experiment(title, log_level="WARN", skip_status_at_exit=slurm) as exp:
         job_ids: dict[str, str] = {}
         for job in launch_jobs(runs):
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
-            depends = [job_ids[name] for name in job.after] if executor_kind == "slurm" and job.after else None
+            depends = [job_ids[name] for name in job.after] if slurm and job.after else None
             job_ids[job.name] = exp.add(job.partial, executor=executor, name=job.name, dependencies=depends)
         if dryrun:
             exp.dryrun(log=False, delete_exp_dir=False)  # the scripts are written; 38 printed would drown the plan
-        else:
-            exp.run(sequential=executor_kind != "slurm", detach=detach, tail_logs=False)
-    if not dryrun and not detach:
-        failed = {name: str(info["status"]) for name, info in exp.status(return_dict=True).items()
+        else:  # Slurm: submitted detached and followed with scontrol (launch.follow_slurm; NeMo-Run's needs sacct)
+            exp.run(sequential=not slurm, detach=detach or slurm, tail_logs=False)
+    if slurm and not dryrun:
+        statuses = launch.follow_slurm(exp, detach)[1]
+    else:
+        statuses = {} if dryrun or detach else exp.status(return_dict=True)
+    if statuses:
+        failed = {name: str(info["status"]) for name, info in statuses.items()
                   if str(info["status"]) != "SUCCEEDED"}
         if failed:
             raise launch.TaskFailedError(f"experiment {exp._id}: run(s) did not succeed: {failed}; logs under "

@@ -96,3 +96,45 @@ def test_slurm_cpus_per_task_is_configurable_and_checked(nemo_home, tmp_path, ca
     assert "#SBATCH --cpus-per-task=96" in text.splitlines() and "--cpus-per-task=96 --cpu-bind=cores" in text
     assert main([*common, "executor.cpus_per_task=4"]) == 2
     assert "cpus_per_task 4 is fewer than the 8 ranks" in capsys.readouterr().err
+
+
+def test_first_hour_paths_under_no_mount_are_refused_naming_the_variable(nemo_home, tmp_path, capsys, monkeypatch):
+    """Account and image set, nothing mounted: the recipe reads /data/... and writes /checkpoints/..., which the
+    container would not have (no data; checkpoints written inside it and lost). Refused, naming what fixes it."""
+    monkeypatch.delenv("MLMCLM_DATA_DIR"), monkeypatch.delenv("MLMCLM_CHECKPOINT_DIR")
+    common = ["clm_mlm_210m", "nodes=1", "--executor", "slurm", "executor.account=acct",
+              f"executor.job_dir={tmp_path / 'jobs'}", "--dryrun"]
+    assert main(common) == 2
+    err = capsys.readouterr().err
+    assert "data_path /data/" in err and "under no container mount" in err and "MLMCLM_DATA_DIR" in err
+    assert main([*common, "executor.data_dir=/lustre/data"]) == 2
+    err = capsys.readouterr().err
+    assert "run_dir /checkpoints/mlmclm/" in err and "MLMCLM_CHECKPOINT_DIR" in err
+    assert not list(Path(nemo_home).rglob("*_sbatch.sh"))
+
+
+def test_bare_metal_dryrun_says_its_mode_and_prints_the_sbatch_verbatim(nemo_home, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.delenv("MLMCLM_CONTAINER_IMAGE"), monkeypatch.delenv("MLMCLM_DATA_DIR")
+    monkeypatch.delenv("MLMCLM_CHECKPOINT_DIR")
+    repo = str(Path(__file__).resolve().parents[2])
+    shared = f"executor.shared_dirs={tmp_path}:{sys.prefix}:{repo}"
+    common = ["tiny_clm_mlm", "nodes=2", "processes=1", "--executor", "slurm", "executor.account=acct",
+              f"executor.job_dir={tmp_path / 'jobs'}", "executor.gpus=false", "executor.cpus_per_task=1", "--dryrun"]
+    rc = main([*common, shared, f"data_path={tmp_path / 'data'}", f"run_dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"bare-metal mode (no container image): {sys.prefix}" in out
+    assert "asks Slurm for 2 node(s) (whole, --exclusive) × no GPUs" in out
+    (script,) = Path(nemo_home).rglob("tiny_clm_mlm_sbatch.sh")
+    srun = next(line for line in script.read_text().splitlines() if line.startswith("srun "))
+    assert len(srun) > 200 and srun in out.splitlines()  # printed whole, on one line
+    assert "--container-image" not in srun and "--chdir" in srun
+    assert f"export PATH={sys.prefix}/bin:$PATH" in out and "mlmclm.parallel.torchrun" in out
+    # paths the nodes would not see: relative, or outside the shared directories
+    for override, name in (("data_path=runs/demo_data", "data_path"), ("run_dir=/elsewhere/run", "run_dir")):
+        assert main([*common, shared, f"data_path={tmp_path / 'data'}", f"run_dir={tmp_path / 'run'}",
+                     override]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {name} " in err and "MLMCLM_SHARED_DIRS" in err, err
