@@ -25,7 +25,7 @@ EXECUTORS = ("local", "slurm")
 
 def prepare_part(partition: int | str, num_partitions: int, output: str, seq_length: int, tokenizer: str = "embedded",
                  inputs: list[str] | None = None, dataset: str | None = None, dataset_config: str | None = None,
-                 split: str = "train", streaming: bool = False, text_field: str = "text", embedded: bool = False,
+                 split: str | None = None, streaming: bool = False, text_field: str = "text", embedded: bool = False,
                  workers: int = 8, group_docs: int = 100_000, samples_per_shard: int = 4096,
                  validation_every: int | None = None) -> dict:
     """One job: partition `partition` ("slurm": $SLURM_ARRAY_TASK_ID) of `num_partitions`."""

@@ -25,7 +25,7 @@ from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from mlmclm.data.packing import Packer
 from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
 from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
-from mlmclm.data.sources import PrepareError, expand_inputs, hf_documents, iter_documents
+from mlmclm.data.sources import PrepareError, chosen_split, expand_inputs, hf_documents, iter_documents
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class PrepareConfig:
     # A Hugging Face dataset instead of `inputs`: hub name, save_to_disk directory or load_dataset-able directory.
     dataset: str | None = None
     dataset_config: str | None = None
-    split: str = "train"
+    split: str | None = None  # None: "train" of a hub dataset, the only split of a saved DatasetDict
     streaming: bool = False
     # Partitioned preparation: this job prepares the document groups g with g % num_partitions == partition
     # (a group is `group_docs` consecutive documents). See mlmclm.data.partition.
@@ -95,7 +95,7 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     wanted = cfg.wanted if cfg.partitioned else None
     if cfg.dataset is not None:
         docs = hf_documents(cfg.dataset, cfg.dataset_config, cfg.split, cfg.streaming, cfg.text_field, wanted)
-        inputs = [f"hf:{cfg.dataset}" + (f":{cfg.dataset_config}" if cfg.dataset_config else "") + f"[{cfg.split}]"]
+        inputs = [f"hf:{cfg.dataset}" + (f":{cfg.dataset_config}" if cfg.dataset_config else "") + f"[{chosen_split(cfg.dataset, cfg.split)}]"]
     else:
         files = expand_inputs(cfg.inputs)
         docs = iter_documents(files, cfg.text_field, wanted)

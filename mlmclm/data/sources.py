@@ -129,11 +129,12 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
 
 # --- Hugging Face datasets --------------------------------------------------------------------------------------
 
-def hf_documents(name: str, config: str | None = None, split: str = "train", streaming: bool = False,
+def hf_documents(name: str, config: str | None = None, split: str | None = None, streaming: bool = False,
                  text_field: str = "text", wanted: Wanted = None) -> Iterator[tuple[int, str | None]]:
     """(document number, text) of a Hugging Face dataset split, like `iter_documents`. `name` is a hub name, a
-    directory written by `save_to_disk`, or a local directory of files `load_dataset` reads."""
-    dataset = _load_hf(name, config, split, streaming)
+    directory written by `save_to_disk`, or a local directory of files `load_dataset` reads. `split` None: "train" of
+    a hub dataset; the only split of a saved `DatasetDict` (one with several must be told which)."""
+    dataset, split = _load_hf(name, config, split, streaming)
     columns = dataset.column_names
     if columns is not None and text_field not in columns:
         raise PrepareError(f"dataset {name!r}: no field {text_field!r} (found {sorted(columns)}); "
@@ -167,7 +168,20 @@ def _text(value, where: str, index: int, text_field: str) -> str:
     return value
 
 
-def _load_hf(name: str, config: str | None, split: str, streaming: bool):
+def chosen_split(name: str, split: str | None) -> str:
+    """The split `hf_documents` reads: `split`, else a saved DatasetDict's only split, else "train"."""
+    if split is not None:
+        return split
+    listing = Path(name) / "dataset_dict.json"
+    if listing.exists():
+        splits = json.loads(listing.read_text()).get("splits") or []
+        if len(splits) == 1:
+            return splits[0]
+        raise PrepareError(f"dataset {name!r} holds the splits {sorted(splits)}: choose one with --split")
+    return "train"
+
+
+def _load_hf(name: str, config: str | None, split: str | None, streaming: bool):
     import datasets
 
     path = Path(name)
@@ -175,11 +189,13 @@ def _load_hf(name: str, config: str | None, split: str, streaming: bool):
         if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
             dataset = datasets.load_from_disk(str(path))     # written by save_to_disk
             if isinstance(dataset, datasets.DatasetDict):
+                split = chosen_split(name, split)
                 if split not in dataset:
                     raise PrepareError(f"dataset {name!r}: no split {split!r} (found {sorted(dataset)})")
                 dataset = dataset[split]
-            return dataset.to_iterable_dataset() if streaming else dataset
-        return datasets.load_dataset(name, config, split=split, streaming=streaming)
+            return (dataset.to_iterable_dataset() if streaming else dataset), split
+        split = split or "train"
+        return datasets.load_dataset(name, config, split=split, streaming=streaming), split
     except PrepareError:
         raise
     except Exception as err:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
