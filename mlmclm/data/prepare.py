@@ -95,7 +95,8 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     wanted = cfg.wanted if cfg.partitioned else None
     if cfg.dataset is not None:
         docs = hf_documents(cfg.dataset, cfg.dataset_config, cfg.split, cfg.streaming, cfg.text_field, wanted)
-        inputs = [f"hf:{cfg.dataset}" + (f":{cfg.dataset_config}" if cfg.dataset_config else "") + f"[{chosen_split(cfg.dataset, cfg.split)}]"]
+        config = f":{cfg.dataset_config}" if cfg.dataset_config else ""
+        inputs = [f"hf:{cfg.dataset}{config}[{chosen_split(cfg.dataset, cfg.split)}]"]
     else:
         files = expand_inputs(cfg.inputs)
         docs = iter_documents(files, cfg.text_field, wanted)

@@ -73,8 +73,9 @@ def test_hf_dataset_errors_are_named(tmp_path, tok_dir, docs, capsys):
     datasets.Dataset.from_dict({"body": docs[:5]}).save_to_disk(str(tmp_path / "saved"))
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:5]})}).save_to_disk(str(tmp_path / "d"))
     datasets.Dataset.from_dict({"text": [1, 2]}).save_to_disk(str(tmp_path / "ints"))
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:5]}),
-                          "validation": datasets.Dataset.from_dict({"text": docs[:3]})}).save_to_disk(str(tmp_path / "two"))
+    two = {"train": datasets.Dataset.from_dict({"text": docs[:5]}),
+           "validation": datasets.Dataset.from_dict({"text": docs[:3]})}
+    datasets.DatasetDict(two).save_to_disk(str(tmp_path / "two"))
     cases = [
         (dict(dataset=str(tmp_path / "saved")), r"saved.*no field 'text' \(found \['body'\]\)"),
         (dict(dataset=str(tmp_path / "d"), split="test"), r"no split 'test' \(found \['train'\]\)"),
