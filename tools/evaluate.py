@@ -20,7 +20,8 @@ from pathlib import Path
 from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.eval.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
-from mlmclm.eval.protocol import PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records, run_grid
+from mlmclm.eval.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records,
+                                  run_grid)
 from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
 from mlmclm.eval.smoke_tasks import write_smoke_tasks
 from mlmclm.eval.summary import write_summary
@@ -64,6 +65,9 @@ def _protocol(args) -> ProtocolConfig:
     common = dict(learning_rates=tuple(args.lrs or PAPER_LEARNING_RATES), seeds=tuple(args.seeds or PAPER_SEEDS),
                   batch_size=args.batch_size or 32)
     if _suite(args) == "paper":
+        if args.min_steps is not None:
+            raise ValueError("the paper suite keeps EncodEval's budgets; --min-steps applies to "
+                             "--smoke/--tasks/--preset runs")
         if args.max_epochs is not None:
             raise ValueError("the paper suite fixes the epochs (TC: one full epoch); --max-epochs applies to "
                              "--smoke/--tasks/--preset runs")
@@ -72,8 +76,10 @@ def _protocol(args) -> ProtocolConfig:
             protocol = ProtocolConfig.paper(budgets=tuple((f, args.max_steps if s else None, e)
                                                           for f, s, e in protocol.budgets), **common)
         return protocol
+    min_steps = CUSTOM_MIN_STEPS if args.min_steps is None else args.min_steps
     return ProtocolConfig(max_steps=1000 if args.max_steps is None else args.max_steps,
-                          max_epochs=1 if args.max_epochs is None else args.max_epochs, **common)
+                          max_epochs=1 if args.max_epochs is None else args.max_epochs, min_steps=min_steps or None,
+                          **common)
 
 
 def _models(values: list[str]) -> dict[str, Path]:
@@ -109,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"step cap (default 1000; --smoke alone: {SMOKE_MAX_STEPS}; paper suite: SC/QA/IR "
                               f"budget)")
         sub.add_argument("--max-epochs", type=int, help="custom suites: epoch cap (default 1; --smoke alone: none)")
+        sub.add_argument("--min-steps", type=int,
+                         help=f"custom suites: at least this many steps per run, repeating a small training set "
+                              f"for more epochs (default {CUSTOM_MIN_STEPS}; 0: none; never past --max-steps)")
         sub.add_argument("--batch-size", type=int, help=f"default 32; --smoke alone: {SMOKE_BATCH_SIZE}")
     grid.add_argument("--model", action="append", required=True, metavar="LABEL=HF_MODEL_DIR")
     curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +29,11 @@ PAPER_BUDGETS = (("classification", 1000, None), ("qa", 1000, None), ("retrieval
 # where the other QA configs take 1000 steps (about 6.5 epochs of QED's train split).
 PAPER_TASK_BUDGETS = (("qed", None, 1),)
 RUNS_FOLDER = "runs"
+# User tasks: at least this many optimizer steps per run (small sets are repeated for more epochs), and a warning
+# (console and summary) for any run with fewer than FEW_STEPS — a score from a handful of updates says little about
+# the model (a 48-row task at batch 32 and one epoch got 2 steps and chance scores).
+CUSTOM_MIN_STEPS = 100
+FEW_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class ProtocolConfig:
     budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (family, max_steps, max_epochs)
     task_budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (task, ...): wins over its family's
     dtype: str = "float32"  # fine-tuning precision (training.DTYPES); the paper's is bf16
+    min_steps: int | None = None  # floor under the epoch cap (training.budget_steps); custom suites: CUSTOM_MIN_STEPS
 
     @classmethod
     def paper(cls, **overrides) -> ProtocolConfig:
@@ -58,7 +65,7 @@ class ProtocolConfig:
             raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
                        batch_size=self.batch_size, warmup_fraction=self.warmup_fraction,
-                       dtype=self.dtype)  # validates the budget and precision
+                       dtype=self.dtype, min_steps=self.min_steps)  # validates the budget and precision
 
     def finetune_config(self, learning_rate: float, seed: int, family: str | None = None,
                         task: str | None = None) -> FinetuneConfig:
@@ -70,7 +77,8 @@ class ProtocolConfig:
             if name == task:
                 max_steps, max_epochs = steps, epochs
         return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
-                              batch_size=self.batch_size, warmup_fraction=self.warmup_fraction, dtype=self.dtype)
+                              batch_size=self.batch_size, warmup_fraction=self.warmup_fraction, dtype=self.dtype,
+                              min_steps=self.min_steps)
 
 
 @dataclass
@@ -180,7 +188,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
     loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
     plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
             for lr in protocol.learning_rates for seed in protocol.seeds]
-    records = []
+    records, warned = [], set()
     bar = tqdm(plan, desc="evaluation runs", unit="run", disable=not progress, dynamic_ncols=True)
     for label, directory, data, lr, seed in bar:
         bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
@@ -211,7 +219,19 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
             write_json_atomic(path, asdict(record))
         records.append(record)
         records += [_finished(p, fingerprint) for p in extra_paths.values()]
+        if record.steps < FEW_STEPS and (label, data.spec.name) not in warned:
+            warned.add((label, data.spec.name))
+            bar.write(f"warning: {label}/{data.spec.name}: {record.steps} optimizer steps per run (budget "
+                      f"{_budget_text(config)}): a score from so few updates says little about the model; give it "
+                      f"more with --max-epochs, --batch-size or --max-steps", file=sys.stderr)
     return records
+
+
+def _budget_text(config: FinetuneConfig) -> str:
+    parts = [f"max {config.max_steps} steps" if config.max_steps else "",
+             f"{config.max_epochs} epoch(s)" if config.max_epochs else "", f"batch {config.batch_size}",
+             f"at least {config.min_steps} steps" if config.min_steps else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def load_records(output_dir: Path) -> list[RunRecord]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from mlmclm.eval.metrics import mean_ci95
-from mlmclm.eval.protocol import RunRecord, group_runs, select_learning_rate, write_json_atomic
+from mlmclm.eval.protocol import FEW_STEPS, RunRecord, group_runs, select_learning_rate, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class TaskResult:
     test_scores: tuple[float, ...]  # one per seed at best_lr
     test_mean: float
     test_ci95: float
+    steps: tuple[int, int] = (0, 0)  # fewest and most optimizer steps of the task's runs
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ def task_results(records: list[RunRecord]) -> list[TaskResult]:
         mean, ci = mean_ci95(scores)
         results.append(TaskResult(model=model, task=task, family=chosen[0].family, metric=chosen[0].main_metric,
                                   best_lr=best_lr, validation_mean=float(np.mean([r.validation_score for r in chosen])),
-                                  test_scores=scores, test_mean=mean, test_ci95=ci))
+                                  test_scores=scores, test_mean=mean, test_ci95=ci,
+                                  steps=(min(r.steps for r in runs), max(r.steps for r in runs))))
     return results
 
 
@@ -123,11 +125,14 @@ def summary_markdown(records: list[RunRecord]) -> str:
     lines = ["# Downstream evaluation", "",
              "Scores in percent. The learning rate is chosen on validation (mean over seeds); test is reported as "
              "mean ± 95 % CI (Student t) over seeds at that learning rate.", "",
-             "## Per task", "", "| model | family | task | metric | best LR | validation | test |",
-             "|---|---|---|---|---|---|---|"]
+             "## Per task", "", f"`steps`: optimizer steps per run; ⚠ marks runs of fewer than {FEW_STEPS}, whose "
+             "scores say little about the model.", "",
+             "| model | family | task | metric | best LR | validation | test | steps |",
+             "|---|---|---|---|---|---|---|---|"]
     for t in task_results(records):
+        steps = f"{t.steps[0]}" if t.steps[0] == t.steps[1] else f"{t.steps[0]}–{t.steps[1]}"
         lines.append(f"| {t.model} | {t.family} | {t.task} | {t.metric} | {t.best_lr:g} | {_pct(t.validation_mean)} "
-                     f"| {_pm(t.test_mean, t.test_ci95)} |")
+                     f"| {_pm(t.test_mean, t.test_ci95)} | {steps}{' ⚠' if t.steps[0] < FEW_STEPS else ''} |")
     lines += ["", "## Per family", "", "Mean over the family's tasks per seed, then mean ± 95 % CI over seeds.", "",
               "| model | family | tasks | seeds | test |", "|---|---|---|---|---|"]
     for f in family_results(records):

@@ -41,13 +41,16 @@ class FinetuneConfig:
     eps: float = 1e-5
     max_grad_norm: float = 1.0
     dtype: str = "float32"  # a key of DTYPES
+    # A floor under the epoch cap (never above max_steps): a small training set is repeated for more epochs rather
+    # than giving a run a handful of updates. None in the paper suite (EncodEval's budgets as they are).
+    min_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.max_steps is None and self.max_epochs is None:
             raise ValueError("max_steps and max_epochs cannot both be None (the run would never end)")
-        for name in ("max_steps", "max_epochs", "batch_size", "eval_batch_size"):
+        for name in ("max_steps", "max_epochs", "batch_size", "eval_batch_size", "min_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -111,10 +114,15 @@ def pad_batch(features: Sequence[dict[str, list[int]]], pad_values: dict[str, in
 
 
 def budget_steps(num_examples: int, config: FinetuneConfig) -> int:
+    """min(max_steps, max_epochs passes), raised to `min_steps` (more passes over a small set) but never past
+    max_steps."""
     caps = [config.max_steps] if config.max_steps is not None else []
     if config.max_epochs is not None:
         caps.append(config.max_epochs * math.ceil(num_examples / config.batch_size))
-    return min(caps)
+    steps = min(caps)
+    if config.min_steps is not None:
+        steps = max(steps, min(config.min_steps, config.max_steps or config.min_steps))
+    return steps
 
 
 def default_max_length(model_dir: Path) -> int:
