@@ -89,12 +89,40 @@ def embedded_tokenizer_dir(vocab_size: int = EMBEDDED_VOCAB_SIZE) -> Path:
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
-    """A Hugging Face tokenizer by local path or hub name; "embedded" means the embedded demo tokenizer."""
+    """A Hugging Face tokenizer by local path or hub name; "embedded" means the embedded demo tokenizer.
+
+    A hub name is read from the local cache when it is there; otherwise the hub must answer. When it cannot be
+    reached the error comes at once, not after the minute of retries `transformers` spends first."""
     from transformers import AutoTokenizer
 
     if str(name_or_path) == "embedded":
         name_or_path = embedded_tokenizer_dir()
+    if not Path(name_or_path).exists():
+        try:
+            return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)
+        except OSError:  # not cached: only the hub has it
+            _check_hub_reachable(str(name_or_path))
     return AutoTokenizer.from_pretrained(str(name_or_path))
+
+
+def _check_hub_reachable(name: str, timeout: float = 5.0) -> None:
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    where = (f"tokenizer {name!r} is neither a local directory nor in the Hugging Face cache "
+             f"({constants.HF_HUB_CACHE})")
+    if constants.HF_HUB_OFFLINE:
+        raise OSError(f"{where}, and HF_HUB_OFFLINE is set: pass a local tokenizer directory")
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        raise OSError(f"{where}, and the hub ({constants.ENDPOINT}) cannot be reached: {err}. Pass a local tokenizer "
+                      f"directory, or fetch it where the hub is reachable (`hf download {name}`) and copy the "
+                      f"cache") from None
 
 
 def vocab_hash(tokenizer) -> str:
