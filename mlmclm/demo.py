@@ -212,15 +212,30 @@ def fill_mask_examples(model_dir: Path, passages: list[str], top: int = 3) -> li
     return out
 
 
-def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], target: Path) -> Path:
-    """Left: training loss per step, the validation losses, the unigram entropy. Right: smoke test scores per model."""
+PIPELINE_QUERIES = ("Now is the winter of our <|mask|>.", "To be, or not to be, that is the <|mask|>:",
+                    "O Romeo, Romeo, wherefore art thou <|mask|>?")
+
+
+def pipeline_examples(model_dir: Path, queries=PIPELINE_QUERIES, top: int = 3) -> list[str]:
+    """Hugging Face's own `pipeline("fill-mask")` on the export, queried as a user would type it."""
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(model_dir), tokenizer=str(model_dir), top_k=top)
+    return [f"      {query!r}: " + ", ".join(f"{guess['token_str']!r} {guess['score']:.2f}" for guess in fill(query))
+            for query in queries]
+
+
+def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], target: Path,
+         fill_mask: dict[str, float] | None = None) -> Path:
+    """Left: training loss per step, the validation losses, the unigram entropy. Middle: fill-mask loss on the
+    held-back passages per model. Right: smoke test scores per model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5), gridspec_kw={"width_ratios": [5, 2, 4]})
     for phase in ("clm", "mlm"):
         points = [(r["step"], r[f"train/{phase}/loss"]) for r in rows if r["phase"] == phase]
         if points:
@@ -233,7 +248,15 @@ def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], targ
     left.set_xlabel("step"), left.set_ylabel("nats per predicted token"), left.set_ylim(top=max(entropy + 2, 7))
     left.set_title("training loss; held-out CLM and MLM-40 % loss (word frequencies alone: the dashed line)")
     left.title.set_fontsize(9)
-    left.legend()
+    left.legend(fontsize=8)
+    fill_mask = fill_mask or {}
+    # the unigram bar grey, the models in the smoke panel's colours
+    colours = ["0.6" if label == "unigram" else f"C{list(smoke).index(label)}" if label in smoke else "C7"
+               for label in fill_mask]
+    middle.bar(range(len(fill_mask)), list(fill_mask.values()), color=colours)
+    middle.set_xticks(range(len(fill_mask)), list(fill_mask), rotation=20, fontsize=8)
+    middle.set_ylabel("masked-token loss (nats)"), middle.set_title("fill-mask, held-back work (lower is better)")
+    middle.title.set_fontsize(9)
     models, tasks = list(smoke), sorted({t for scores in smoke.values() for t in scores})
     width = 0.8 / max(1, len(models))
     for i, model in enumerate(models):
@@ -242,7 +265,9 @@ def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], targ
     right.set_xticks([j + width * (len(models) - 1) / 2 for j in range(len(tasks))],
                      [t.removeprefix("smoke_") for t in tasks])
     right.set_ylabel("test score (%)"), right.set_title("smoke tasks after fine-tuning (1 LR, 1 seed)")
-    right.legend()
+    right.set_ylim(0, 115)  # room for the legend above the bars, which reach 100
+    right.title.set_fontsize(9)
+    right.legend(fontsize=8, loc="upper center", ncol=len(models))
     fig.tight_layout()
     fig.savefig(target, dpi=100)
     plt.close(fig)
@@ -359,13 +384,18 @@ def main(argv: list[str] | None = None) -> int:
 
     exported_tokenizer = AutoTokenizer.from_pretrained(exports["CLM25→MLM75"])  # the one fill_mask_scores uses
     loss, accuracy = unigram_fill_mask_scores(exported_tokenizer, counts, lines, mask_ratio)
+    fill_mask_losses = {"unigram": loss}
     _say(console, f"      {'unigram':<12} masked-token loss {loss:.2f} nats, top-1 accuracy {accuracy:.1%}   (training "
                   f"word frequencies only: the bar to beat)")
     for label, directory in exports.items():
         loss, accuracy = fill_mask_scores(directory, lines, mask_ratio)
+        fill_mask_losses[label] = loss
         _say(console, f"      {label:<12} masked-token loss {loss:.2f} nats, top-1 accuracy {accuracy:.1%}")
     _say(console, "      examples (CLM25→MLM75):")
     for example in fill_mask_examples(exports["CLM25→MLM75"], lines[:4]):
+        _say(console, example)
+    _say(console, "      through Hugging Face: pipeline('fill-mask', model=<export>), top 3 with their probabilities:")
+    for example in pipeline_examples(exports["CLM25→MLM75"]):
         _say(console, example)
 
     if args.skip_eval:
@@ -392,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     for task in sorted(metric):
         _say(console, "      " + f"{task + ' ' + metric[task]:<34}"
                       + "".join(f"{100 * scores[label].get(task, float('nan')):>14.1f}" for label in exports))
-    figure = plot(run_dir, entropy, scores, out / "plots.png")
+    figure = plot(run_dir, entropy, scores, out / "plots.png", fill_mask_losses)
     _say(console, f"      summary {summary}; plots {figure}")
     _say(console, f"done in {time.time() - started:.0f} s")
     return 0
