@@ -137,7 +137,10 @@ def slurm_executor(
               if host else run.LocalTunnel(job_dir=job_dir))
     if preemption_notice_s < 1:
         raise ValueError(f"preemption_notice_s must be >= 1, got {preemption_notice_s}")
-    env_vars = {**SLURM_ENV, **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""}),
+    # CPU ranks share the task's cores: as many threads each as they have cores (torchrun sets 1 only when it starts
+    # several ranks per node; a 2-node x 1-rank run would otherwise differ from the same run on one node)
+    cpu_ranks = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, cpus // gpus_per_node))}
+    env_vars = {**SLURM_ENV, **({} if gpus else cpu_ranks),
                 # torchrun's wait for the ranks' save stays inside the notice
                 "PET_SHUTDOWN_TIMEOUT": str(max(1, preemption_notice_s - 10))}
     image = _setting("container_image", container_image)
@@ -175,7 +178,10 @@ def slurm_executor(
         # threads) would share one core. The task gets `cpus` cores and is bound to exactly those. srun repeats
         # --cpus-per-task because since Slurm 22.05 it no longer inherits sbatch's value.
         cpus_per_task=cpus,
-        srun_args=[f"--cpus-per-task={cpus}", "--cpu-bind=cores"],
+        # --kill-on-bad-exit=0 (NeMo-Run sets 1): after a preemption the first node's agent exits 75, and srun would
+        # then kill the other nodes' agents while they finish (the job's exit: 143, a failure, measured on a
+        # two-node local Slurm); srun's --wait=60 still ends the others 60 s after a first task exits.
+        srun_args=[f"--cpus-per-task={cpus}", "--cpu-bind=cores", "--kill-on-bad-exit=0"],
         gpus_per_node=gpus_per_node if gpus else None,
         exclusive=exclusive or None,  # whole nodes: NVLink/IB topology and memory are not shared with other jobs
         # no `B:`: Slurm signals every process of the job step (agent, ranks, their helpers), each saves or ignores

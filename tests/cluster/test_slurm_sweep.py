@@ -1,0 +1,31 @@
+"""The tiny grid on the real scheduler (`python -m recipes grid tiny --executor slurm`): each job waits for what it
+starts from through Slurm's afterok — the continued pretraining for its decayed parent, the branch for the segment
+that writes its branch point — and starts from that checkpoint."""
+import json
+
+from cluster.slurm_jobs import job_logs
+from slurm_helpers import SLURM_ARGS, job_fields, no_job_process_left, run_recipes, submitted_jobs
+
+
+def test_the_tiny_grid_waits_for_its_parents_on_slurm(slurm_cluster, launch_env, shared, slurm_data):
+    root = shared / "grid"
+    result = run_recipes(launch_env, "grid", "tiny", "--run-root", str(root), "--data-path", slurm_data,
+                         *SLURM_ARGS, "executor.cpus_per_task=2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = submitted_jobs(result.stdout)
+    clm, segment = "tiny-clm-4", "tiny-clm-4-until-2"
+    cpt, branch = "tiny-clm-dec4-mlm40-6", "tiny-clm-2-mlm40-4"
+    assert set(jobs) == {clm, segment, "tiny-mlm40-4", branch, cpt}
+    fields = {name: job_fields(job_id) for name, job_id in jobs.items()}
+    assert all(f["JobState"] == "COMPLETED" and f["Restarts"] == "0" for f in fields.values()), fields
+    # held by the scheduler until the parent succeeded, then started
+    assert f"job {jobs[cpt]} ({cpt}): PENDING (Dependency)" in result.stdout
+    for child, parent in ((cpt, clm), (branch, segment), (clm, segment)):
+        assert fields[child]["StartTime"] >= fields[parent]["EndTime"], (child, parent, fields)
+    logs = "\n".join(p.read_text(errors="replace") for p in job_logs(shared / "nemorun", jobs[cpt]))
+    assert f"initialised weights from {root / clm / 'checkpoints' / 'iter_0000004'}" in logs
+    logs = "\n".join(p.read_text(errors="replace") for p in job_logs(shared / "nemorun", jobs[branch]))
+    assert f"branched from {root / clm / 'checkpoints' / 'iter_0000002'} at step 2" in logs
+    for name in (clm, "tiny-mlm40-4", branch, cpt):
+        assert json.loads((root / name / "run_status.json").read_text())["status"] == "completed", name
+    no_job_process_left(slurm_cluster)
