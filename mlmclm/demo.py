@@ -351,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     from mlmclm.train.config import ValidationConfig
 
     held_out = validation_losses(run_dir)
+    figures = {"steps": args.steps, "entropy": entropy, "train_loss": losses,
+               "validation_works": manifest.validation["num_documents"],
+               "validation": {name: {"step": step, "clm": held_out[step]["val/clm/loss"],
+                                     "mlm": held_out[step]["val/mlm/loss"]}
+                              for name, step in (("first", min(held_out)), ("last", max(held_out)),
+                                                 ("clm_end", round(args.steps * CLM_SHARE)))}}
     _say(console, f"      validation on the held-out works (the same samples each time; MLM at "
                   f"{ValidationConfig().mask_ratio:.0%} masking, whatever the phase trains):")
     shown = set(sorted(held_out)[::max(1, len(held_out) // 6)]) | {round(args.steps * CLM_SHARE), args.steps}
@@ -385,11 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     exported_tokenizer = AutoTokenizer.from_pretrained(exports["CLM25→MLM75"])  # the one fill_mask_scores uses
     loss, accuracy = unigram_fill_mask_scores(exported_tokenizer, counts, lines, mask_ratio)
     fill_mask_losses = {"unigram": loss}
+    figures.update(passages=len(lines), mask_ratio=mask_ratio, fill_mask={"unigram": {"loss": loss, "top1": accuracy}})
     _say(console, f"      {'unigram':<12} masked-token loss {loss:.2f} nats, top-1 accuracy {accuracy:.1%}   (training "
                   f"word frequencies only: the bar to beat)")
     for label, directory in exports.items():
         loss, accuracy = fill_mask_scores(directory, lines, mask_ratio)
         fill_mask_losses[label] = loss
+        figures["fill_mask"][{"CLM25": "clm_end", "CLM25→MLM75": "final"}.get(label, label)] = {"loss": loss,
+                                                                                              "top1": accuracy}
         _say(console, f"      {label:<12} masked-token loss {loss:.2f} nats, top-1 accuracy {accuracy:.1%}")
     _say(console, "      examples (CLM25→MLM75):")
     for example in fill_mask_examples(exports["CLM25→MLM75"], lines[:4]):
@@ -423,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         _say(console, "      " + f"{task + ' ' + metric[task]:<34}"
                       + "".join(f"{100 * scores[label].get(task, float('nan')):>14.1f}" for label in exports))
     figure = plot(run_dir, entropy, scores, out / "plots.png", fill_mask_losses)
+    figures.update(smoke_steps=smoke_steps, smoke_lr=SMOKE_LEARNING_RATES[0],
+                   smoke={task: {label: scores[label][task] for label in exports} for task in sorted(metric)})
+    (out / "figures.json").write_text(json.dumps(figures, indent=1, ensure_ascii=False))  # the README's numbers
     _say(console, f"      summary {summary}; plots {figure}")
     _say(console, f"done in {time.time() - started:.0f} s")
     return 0

@@ -1,0 +1,53 @@
+"""The README's demo paragraph is generated from the demo's figures.json, and `check` fails when they differ."""
+import json
+
+from mlmclm.demo_figures import BEGIN, END, main, render
+
+FIGURES = {
+    "steps": 400, "entropy": 6.337, "train_loss": {"clm": 5.721, "mlm": 5.700}, "validation_works": 5,
+    "validation": {"first": {"step": 25, "clm": 7.41, "mlm": 7.48}, "clm_end": {"step": 100, "clm": 5.98, "mlm": 6.77},
+                   "last": {"step": 400, "clm": 6.73, "mlm": 6.31}},
+    "passages": 60, "mask_ratio": 0.15,
+    "fill_mask": {"unigram": {"loss": 6.75, "top1": 0.096}, "random init": {"loss": 9.07, "top1": 0.0},
+                  "clm_end": {"loss": 7.00, "top1": 0.057}, "final": {"loss": 6.35, "top1": 0.154}},
+    "smoke_steps": 100, "smoke_lr": 3e-3,
+    "smoke": {"smoke_named_character": {"random init": 0.850, "CLM25": 0.833, "CLM25→MLM75": 0.854},
+              "smoke_speaker_names": {"random init": 0.817, "CLM25": 0.861, "CLM25→MLM75": 0.859}},
+}
+
+
+def test_the_paragraph_says_what_the_numbers_support():
+    text = render(FIGURES)
+    assert "**0.64 nats below the entropy**, so the model uses context" in text
+    assert "the final model is 0.40 nats better than the frequency baseline" in text
+    # comparisons are made from the numbers: 83.3 vs 85.0 is behind; 85.4 vs 85.0 level (< 1 point); 86.1 ahead
+    assert "F1 85.0 random / 83.3 CLM / 85.4 final: the CLM-phase export behind random init, the final one level " \
+           "with it" in text
+    assert "entity F1 81.7 random / 86.1 CLM / 85.9 final: the CLM-phase export ahead of random init" in text
+    worse = {**FIGURES, "fill_mask": {**FIGURES["fill_mask"], "final": {"loss": 7.0, "top1": 0.1}},
+             "train_loss": {"clm": 6.0, "mlm": 6.2}}
+    text = render(worse)
+    assert "0.25 nats worse than the frequency baseline" in text and "uses context" not in text
+
+
+def test_check_fails_on_other_numbers_and_write_fixes_it(tmp_path, capsys):
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps(FIGURES))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nintro\n{BEGIN}\nWhat the demo measured: CLM loss 5.697 (stale)\n{END}\nafter\n")
+    args = ["--readme", str(readme), "--figures", str(figures)]
+    assert main(["check", *args]) == 1
+    assert "demo figures are not what" in capsys.readouterr().err
+    assert main(["write", *args]) == 0 and main(["check", *args]) == 0
+    text = readme.read_text()
+    assert text.startswith("# x\n\nintro\n") and text.endswith(f"{END}\nafter\n") and render(FIGURES) in text
+    readme.write_text("no markers")
+    assert main(["check", *args]) == 2 and "markers" in capsys.readouterr().err
+    assert main(["check", "--readme", str(readme), "--figures", str(tmp_path / "none.json")]) == 2
+
+
+def test_the_readme_has_one_generated_block():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert readme.count(BEGIN) == 1 and readme.count(END) == 1
