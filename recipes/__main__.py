@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             second, _ = launch.build(args.then, then_items, extra_params=launch.init_from_param(
                 args.then, first))
             tasks.append((args.then if args.then != args.recipe else f"{args.then}-2", launch.chain(first, second)))
-        if args.executor == "local" and not args.dryrun:
+        # on Slurm only when asked: the data is then packed here, into a directory the nodes share
+        if (args.executor == "local" or args.prepare_data) and not args.dryrun:
             launch.prepare_local_data([args.recipe] + ([args.then] if args.then else []), [t[1] for t in tasks],
                                       prepare=args.prepare_data)
             if note := quiet.kernels_note():
