@@ -1,6 +1,9 @@
 #!/usr/bin/env python
-"""GPU readiness check: versions, bf16 (and FP8) training throughput/MFU/memory, bf16-vs-fp32 loss agreement,
-and each speed feature on vs off (sparse MLM head vs full head, fused kernels, manual GC).
+"""GPU readiness check: versions, bf16 (and FP8) training throughput/MFU/memory, each speed feature on vs off
+(sparse MLM head vs full head, fused kernels, manual GC), host synchronisations per step, bf16-vs-fp32 loss
+agreement, then whether `deterministic: true` makes runs bit-reproducible (determinism_check.py: two same-seed runs
+and a stopped-and-resumed one through `pretrain`, compared step by step) — the speed table first, so that a short
+device session measures it before anything else.
 
     python benchmarks/gpu_check.py --json artifacts/gpu_check.json            # one GPU, < 8 minutes
     python benchmarks/gpu_check.py --smoke --json /tmp/gpu_check.json         # CPU, tiny shape (what CI runs)
@@ -50,6 +53,7 @@ from mlmclm.parallel import ParallelConfig, current_device, destroy_parallel, in
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp  # noqa
 from mlmclm.train.signals import StopRequest  # noqa: E402
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step  # noqa: E402
+from determinism_check import DeterminismConfig, determinism_check  # noqa: E402
 
 SPECIAL_IDS = [0, 1, 2, 3]  # pad, bos, eos, mask: never drawn as data, never masked
 MASK_ID = 3
@@ -93,6 +97,7 @@ class CheckConfig:
     feature_seq: int = 2048
     feature_rounds: int = 3        # interleaved rounds: every variant once per round
     feature_steps: int = 8         # timed steps per variant and round
+    determinism: bool = True       # two same-seed runs and a stop/resume, deterministic: true (after the rest)
 
     @classmethod
     def smoke_defaults(cls, **overrides) -> "CheckConfig":
@@ -551,6 +556,24 @@ def resolve_peak(precision: str, override_tflops: float | None) -> tuple[float |
         return None, f"unknown: {err}"
 
 
+def run_determinism(cfg: CheckConfig, failures: list[str]) -> dict:
+    """determinism_check.py in its own processes (deterministic mode must be set before CUDA and NCCL start)."""
+    import shutil
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="gpu_check_determinism_"))
+    try:
+        result = determinism_check(DeterminismConfig.smoke() if cfg.smoke else DeterminismConfig(), out)
+    except Exception as err:
+        traceback.print_exc()
+        result = {"passed": False, "error": f"{type(err).__name__}: {err}"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if not result["passed"]:
+        failures.append("deterministic runs: " + (result.get("error") or "not bit-identical (see determinism)"))
+    return result
+
+
 def run_check(cfg: CheckConfig) -> dict:
     started = time.monotonic()
     deadline = started + cfg.budget_s
@@ -560,7 +583,6 @@ def run_check(cfg: CheckConfig) -> dict:
     fp8_ok, fp8_why = fp8_support()
     fp8_override = cfg.peak_tflops_fp8 or (None if cfg.peak_tflops is None else 2 * cfg.peak_tflops)
     peaks = {"bf16": resolve_peak("bf16", cfg.peak_tflops), "fp8": resolve_peak("fp8", fp8_override)}
-    agreement = precision_agreement(cfg, failures)
     rows = throughput_rows(cfg, "bf16", peaks["bf16"][0], deadline, failures)
     if fp8_ok:
         rows += throughput_rows(cfg, "fp8", peaks["fp8"][0], deadline, failures)
@@ -571,11 +593,13 @@ def run_check(cfg: CheckConfig) -> dict:
                     rows.append(RunRow(model, "fp8", objective, seq, micro_batch_for(model, seq, cfg.smoke),
                                        status="skipped", reason=fp8_why))
     features = feature_table(cfg, peaks["bf16"][0], deadline, failures) if cfg.features else None
+    agreement = precision_agreement(cfg, failures)
     ratios = fp8_ratios(rows)
     goal_table = goals(rows, ratios, cfg.smoke)
     if cfg.require_goals:
         failures += [f"goal {name} not met: {g}" for name, g in goal_table.items() if g["met"] is not True]
     destroy_parallel()
+    determinism = run_determinism(cfg, failures) if cfg.determinism else None
     return {
         "mode": "smoke" if cfg.smoke else "gpu",
         "data": "uniformly random tokens (throughput does not depend on token values)",
@@ -592,6 +616,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 "ratios": ratios},
         "precision_agreement": agreement,
         "features": features,
+        "determinism": determinism,
         "runs": [asdict(r) for r in rows],
         "goals": goal_table,
         "config": asdict(cfg),
@@ -646,6 +671,16 @@ def format_report(report: dict) -> str:
                          + ("- (no CUDA)" if syncs is None else " ".join(map(str, syncs))))
         for what, why in features["not_measurable_here"].items():
             lines.append(f"  not measured: {what} ({why})")
+    det = report.get("determinism")
+    if det:
+        lines.append("deterministic: true, step by step (loss, grad norm) against reference run A:")
+        for name, key in (("same seed, another process", "same_seed"), ("stopped and resumed", "stop_and_resume")):
+            if key in det:
+                r = det[key]
+                verdict = "bit-identical" if r["bit_identical"] else f"DIFFERS from step {r['first_differing_step']}"
+                lines.append(f"  {name:<28}{verdict}  max |loss diff| {r['max_abs_loss_diff']:.3g}, max grad-norm "
+                             f"rel diff {r['max_rel_grad_norm_diff']:.3g} over {r['steps']} steps")
+        lines.append(f"  -> {'PASS' if det['passed'] else 'FAIL ' + str(det.get('error') or '')}")
     agr = report["precision_agreement"]
     lines.append(f"bf16 vs fp32 ({agr['model']}, {agr['steps']} MLM steps): max relative loss difference "
                  f"{_fmt(agr['max_rel_diff'], '.5f')} (tolerance {agr['rtol']}) -> "
@@ -673,6 +708,7 @@ def parse_args(argv=None) -> tuple[CheckConfig, Path | None]:
     p.add_argument("--peak-tflops-fp8", type=float, help="fp8 peak TFLOP/s (default: 2x --peak-tflops if given)")
     p.add_argument("--agreement-rtol", type=float, help="bf16-vs-fp32 relative loss tolerance (default 0.01)")
     p.add_argument("--no-features", action="store_true", help="skip the features on-vs-off table")
+    p.add_argument("--no-determinism", action="store_true", help="skip the deterministic-runs comparison")
     p.add_argument("--require-goals", action="store_true", help="also fail when a performance goal is missed")
     a = p.parse_args(argv)
     for name in a.models or []:
@@ -684,7 +720,8 @@ def parse_args(argv=None) -> tuple[CheckConfig, Path | None]:
                                        peak_tflops_fp8=a.peak_tflops_fp8,
                                        agreement_rtol=a.agreement_rtol,
                                        require_goals=a.require_goals or None,
-                                       features=False if a.no_features else None).items() if v is not None}
+                                       features=False if a.no_features else None,
+                                       determinism=False if a.no_determinism else None).items() if v is not None}
     cfg = CheckConfig.smoke_defaults(**overrides) if a.smoke else CheckConfig(**overrides)
     return cfg, a.json
 

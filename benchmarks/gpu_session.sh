@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# All GPU checks in one go on a bare, offline GPU machine (one H100/H200), within ~9 minutes:
+# All GPU checks in one go on a bare, offline GPU machine (one H100/H200), within ~11 minutes (estimated: the
+# determinism comparison has not run on a GPU; a 10-minute device command may cut the last check, gpu_train_check):
 #   1. install carried wheels (megatron-core and what the image lacks; Transformer Engine if carried) in ONE pip call
 #      (with --target, a second call would replace transformer_engine/ and drop the other wheel's half of it);
 #   2. a Transformer Engine smoke test (bf16 and FP8 Linear forward/backward), when TE was carried;
-#   3. benchmarks/gpu_train_check.py: torchrun/NCCL preemption and exact resume, export, per-document attention,
-#      TE keys and FP8 runs;
-#   4. benchmarks/gpu_check.py: tokens/s, MFU and memory, bf16 vs fp32 losses, features on vs off.
+#   3. benchmarks/gpu_check.py: tokens/s, MFU and memory, features on vs off, host syncs per step, bf16 vs fp32
+#      losses, then two same-seed deterministic runs and a stop/resume compared step by step (first: an earlier
+#      session ran out of device time before its speed table);
+#   4. benchmarks/gpu_train_check.py: torchrun/NCCL preemption and exact resume, export, per-document attention,
+#      TE keys and FP8 runs.
 #
 #   bash benchmarks/gpu_session.sh OUT_DIR [WHEEL_DIR ...]      # e.g. OUT_DIR=$OUT, wheels in .whl .whl/te .tecore
 #
@@ -69,13 +72,13 @@ train_check() {
 
 speed_check() {
   elapsed "gpu_check"
-  timeout "${GPU_CHECK_TIMEOUT:-290}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
+  timeout "${GPU_CHECK_TIMEOUT:-420}" "$PY" benchmarks/gpu_check.py --json "$OUT/gpu_check.json" \
     --seq-lengths 2048 --budget-s "${GPU_CHECK_BUDGET:-230}" --seconds-per-run 10 ${GPU_CHECK_ARGS:-} \
     > "$OUT/gpu_check.log" 2>&1
   echo "gpu_check exit $?"
   tail -40 "$OUT/gpu_check.log"
 }
 
-# GPU_CHECK_FIRST=1 measures speed before the correctness checks (when device time is short).
-if [ -n "${GPU_CHECK_FIRST:-}" ]; then speed_check; train_check; else train_check; speed_check; fi
+# The speed table (and the determinism comparison) first; TRAIN_CHECK_FIRST=1 runs the correctness checks first.
+if [ -n "${TRAIN_CHECK_FIRST:-}" ]; then train_check; speed_check; else speed_check; train_check; fi
 elapsed "done"

@@ -8,8 +8,13 @@ resumed run there is not bit-identical to an uninterrupted one without these swi
   NVTE_ALLOW_NONDETERMINISTIC_ALGO=0),
 - `NVTE_ALLOW_NONDETERMINISTIC_ALGO=0` (TE picks deterministic attention kernels),
 - `CUBLAS_WORKSPACE_CONFIG=:4096:8` and `torch.use_deterministic_algorithms(True)`,
-- `NCCL_ALGO=Ring` (one reduction order), unless the environment already chose one.
-Costs speed (how much: unmeasured). Unverified on a GPU: no GPU run has compared two deterministic runs yet.
+- `NCCL_ALGO=Ring` (one reduction order), unless the environment already chose one,
+- Inductor's deterministic mode (`TORCHINDUCTOR_DETERMINISTIC=1` and `torch._inductor.config.deterministic`):
+  megatron compiles its bias/activation, bias/dropout and cross-entropy fusions with `torch.compile`, and Inductor
+  otherwise picks among kernel variants by timing them on the device, in each process anew — a run and its resume
+  could run differently rounded kernels. The deterministic mode skips every such timing that affects numerics.
+Costs speed (how much: unmeasured). Unverified on a GPU: no GPU run has compared two deterministic runs yet
+(`benchmarks/gpu_check.py` does, step by step).
 """
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ import os
 
 log = logging.getLogger(__name__)
 
-ENVIRONMENT = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring"}
+ENVIRONMENT = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring",
+               "TORCHINDUCTOR_DETERMINISTIC": "1"}
+REQUIRED = ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "TORCHINDUCTOR_DETERMINISTIC")  # a launcher may not override these
 
 
 def enable_determinism() -> dict[str, str]:
@@ -29,10 +36,15 @@ def enable_determinism() -> dict[str, str]:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)  # an explicit choice of the launcher wins
         applied[name] = os.environ[name]
-    if applied["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] != "0":
-        raise ValueError("deterministic: true needs NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, but the environment sets "
-                         f"{applied['NVTE_ALLOW_NONDETERMINISTIC_ALGO']!r}")
+    for name in REQUIRED:
+        if applied[name] != ENVIRONMENT[name]:
+            raise ValueError(f"deterministic: true needs {name}={ENVIRONMENT[name]}, but the environment sets "
+                             f"{applied[name]!r}")
     torch.use_deterministic_algorithms(True)
+    import torch._inductor.config as inductor_config
+
+    # Inductor read its environment variable when first imported, possibly before this call.
+    inductor_config.deterministic = True
     log.info("deterministic mode: %s, torch.use_deterministic_algorithms(True)",
              ", ".join(f"{k}={v}" for k, v in applied.items()))
     return applied

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py --smoke runs on CPU end to end and writes a complete, sane JSON report."""
+"""benchmarks/gpu_check.py --smoke runs on CPU end to end and writes a complete, sane JSON report, including the
+deterministic-runs comparison (two same-seed runs and a stop/resume through pretrain, step by step)."""
 import json
 import math
 import subprocess
@@ -10,13 +11,13 @@ ROW_FIELDS = {"model", "precision", "objective", "seq_length", "micro_batch", "s
               "fp8_attention_reason", "warmup_steps", "timed_steps", "seconds", "tokens_per_s", "flops_per_token",
               "tflops_per_gpu", "peak_tflops", "mfu", "peak_memory_gib", "first_loss", "last_loss"}
 TOP_FIELDS = {"mode", "data", "environment", "peak_tflops", "peak_source", "memory_kind", "flop_convention", "fp8",
-              "precision_agreement", "features", "runs", "goals", "config", "total_seconds", "failures", "ok"}
+              "precision_agreement", "features", "determinism", "runs", "goals", "config", "total_seconds", "failures", "ok"}
 
 
 def run_smoke(tmp_path, *extra):
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--json", str(out), *extra],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=480)
     return proc, json.loads(out.read_text())
 
 
@@ -81,9 +82,21 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     assert features["host_syncs_per_step"] is None
     assert "host synchronisations per step (defaults; target 1): - (no CUDA)" in proc.stdout
 
+    # deterministic: true — on CPU both comparisons are bit-identical, every step, loss and gradient norm.
+    det = report["determinism"]
+    assert det["passed"] is True, det
+    steps, stop = det["config"]["steps"], det["config"]["stop_after"]
+    assert det["statuses"] == {"a": ["completed", steps], "b": ["completed", steps], "c stop": ["preempted", stop],
+                               "c resume": ["completed", steps]}
+    for key in ("same_seed", "stop_and_resume"):
+        assert det[key]["bit_identical"] and det[key]["same_steps"] and det[key]["steps"] == steps
+        assert det[key]["max_abs_loss_diff"] == 0.0 and det[key]["max_rel_grad_norm_diff"] == 0.0
+    assert "stopped and resumed" in proc.stdout and "bit-identical" in proc.stdout
+
 
 def test_a_failed_check_exits_nonzero_and_says_why(tmp_path):
-    proc, report = run_smoke(tmp_path, "--agreement-rtol", "0", "--seq-lengths", "64", "--objectives", "mlm")
+    proc, report = run_smoke(tmp_path, "--agreement-rtol", "0", "--seq-lengths", "64", "--objectives", "mlm",
+                             "--no-determinism")
     assert proc.returncode == 1
     assert report["ok"] is False
     assert report["precision_agreement"]["passed"] is False

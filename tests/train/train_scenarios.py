@@ -303,6 +303,8 @@ def _extra_state_keys(metadata: dict) -> list[str]:
 def run_recording_documents(cfg_dict, record_path):
     """A run that records, for every training step, the document layouts the step received, the loader's ids and
     the determinism switches in force."""
+    from torch._inductor import config as inductor_config
+
     from mlmclm.data import loader as loader_module
     from mlmclm.train import step as step_module
 
@@ -315,7 +317,8 @@ def run_recording_documents(cfg_dict, record_path):
         seen.append(None if documents is None else [(d.document_ids.cpu(), d.cu_seqlens.cpu()) for d in documents])
         switches.append({"torch_deterministic": torch.are_deterministic_algorithms_enabled(),
                          "megatron_deterministic_mode": ddp[0].module.config.deterministic_mode,
-                         "NVTE_ALLOW_NONDETERMINISTIC_ALGO": os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")})
+                         "NVTE_ALLOW_NONDETERMINISTIC_ALGO": os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO"),
+                         "inductor_deterministic": inductor_config.deterministic})
         return original_step(ddp, *args, documents=documents, **kwargs)
 
     def next_global_batch(self):
