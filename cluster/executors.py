@@ -155,12 +155,16 @@ def slurm_executor(
     else:
         shared = shared_directories(_setting("shared_dirs", shared_dirs))
         prefix = bare_metal_env(_setting("python_env", python_env), shared, check_local=not host)
-        for name in ("data_dir", "checkpoint_dir"):
-            if _setting(name, data_dir if name == "data_dir" else checkpoint_dir) or container_mounts:
-                raise ValueError(f"{name}/mounts mount host directories into a container; without a container "
-                                 f"image (bare-metal) the job reads and writes host paths: set data_path= and "
-                                 f"run_dir= on the recipe instead, under {SETTINGS['shared_dirs'][0]}")
-        refuse_unreachable("job_dir", job_dir, shared, SETTINGS["job_dir"][0])
+        given = [name for name, value in (("data_dir", _setting("data_dir", data_dir)),
+                                          ("checkpoint_dir", _setting("checkpoint_dir", checkpoint_dir)),
+                                          ("mounts", container_mounts)) if value]
+        if given:
+            raise ValueError(f"{', '.join(given)} mount host directories into a container, but no container image is "
+                             f"set (bare-metal: the job reads and writes host paths): set data_path= and run_dir= "
+                             f"on the recipe instead, under {SETTINGS['shared_dirs'][0]}, or set "
+                             f"{SETTINGS['container_image'][0]}")
+        refuse_unreachable("job_dir", job_dir, shared, SETTINGS["shared_dirs"][0],
+                           hint=f", or set {SETTINGS['job_dir'][0]} to a directory there")
         for what, path in (("job_dir", job_dir), ("python_env", prefix), ("shared_dirs", ":".join(shared))):
             if "/nemo_run" in path:  # NeMo-Run rewrites every "/nemo_run" of a container-less sbatch script
                 raise ValueError(f"{what} {path} contains '/nemo_run', which NeMo-Run replaces with the job folder "
@@ -260,7 +264,7 @@ def bare_metal_env(python_env: str | None, shared: list[str], check_local: bool 
         raise ValueError(f"python_env {prefix} has no bin/python; {SETTINGS['python_env'][0]} names a venv or conda "
                          f"prefix")
     refuse_unreachable("python_env", prefix, shared, SETTINGS["shared_dirs"][0],
-                       hint=f" or name one there with {SETTINGS['python_env'][0]}")
+                       hint=f", or name one there with {SETTINGS['python_env'][0]}")
     if python_env is None:  # this environment: an editable install imports mlmclm from a checkout outside it
         import mlmclm
 

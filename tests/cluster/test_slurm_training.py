@@ -94,7 +94,7 @@ def _preempt(job_id: str, run_dir, facts: dict) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit_min}"], check=True)
     facts["time_limit_ends_in_s"] = limit_min * 60 - runtime
     updated = time.monotonic()
-    wait_until(lambda: job_state(job_id).restarts >= 1 or job_state(job_id).final, 120,
+    wait_until(lambda: job_state(job_id).restarts >= 1 or job_state(job_id).final, 240,
                "the time-limit warning preempts the first start")
     assert _status(run_dir).get("status") == "preempted", (
         f"the first start was not preempted: {_status(run_dir)} (a machine this fast needs more STEPS)")
@@ -105,7 +105,7 @@ def _preempt(job_id: str, run_dir, facts: dict) -> None:
                400, "the requeued job resumes and trains")
     sent = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-    wait_until(lambda: job_state(job_id).restarts >= 2 or job_state(job_id).final, 200, "scancel's USR1 preempts")
+    wait_until(lambda: job_state(job_id).restarts >= 2 or job_state(job_id).final, 240, "scancel's USR1 preempts")
     facts["scancel_to_requeue_s"] = round(time.monotonic() - sent)
     facts["second"] = _status(run_dir)
 
