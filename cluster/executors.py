@@ -215,13 +215,15 @@ def requeue_policy(max_requeues: int) -> str:
     return f"""# mlmclm requeue policy (cluster/executors.py requeue_policy)
 export TORCHX_MAX_RETRIES=1000000 MLMCLM_MAX_REQUEUES={max_requeues}
 scontrol() {{
+    local restarts=${{SLURM_RESTART_COUNT:-0}}
     if [ "$1" = requeue ]; then
         if [ "$exitcode" = 75 ]; then
             echo "mlmclm: preempted after saving (exit 75): requeued, the run resumes from its checkpoint"
-        elif [ "${{SLURM_RESTART_COUNT:-0}}" -lt "$MLMCLM_MAX_REQUEUES" ]; then
-            echo "mlmclm: failed (exit $exitcode): requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of $MLMCLM_MAX_REQUEUES)"
+        elif [ "$restarts" -lt "$MLMCLM_MAX_REQUEUES" ]; then
+            echo "mlmclm: failed (exit $exitcode): requeued (restart $((restarts + 1)) of $MLMCLM_MAX_REQUEUES)"
         else
-            echo "mlmclm: failed (exit $exitcode) after ${{SLURM_RESTART_COUNT:-0}} restart(s): not requeued (max_requeues=$MLMCLM_MAX_REQUEUES)" >&2
+            echo "mlmclm: failed (exit $exitcode) after $restarts restart(s): not requeued" \\
+                "(max_requeues=$MLMCLM_MAX_REQUEUES)" >&2
             return 0
         fi
     fi
@@ -300,19 +302,22 @@ def check_reachable(executor: run.SlurmExecutor, paths: dict[str, str]) -> None:
     """Refuse, at submission, a path the job would not find: in a container, one under no mount (it would read
     nothing, or write inside the container and lose it); bare-metal, one off the shared filesystem."""
     if executor.container_image:
-        targets = {m.split(":")[1]: m for m in executor.container_mounts if ":" in m}
+        targets = [m.split(":")[1] for m in executor.container_mounts if ":" in m]
         for what, path in paths.items():
-            if not path or not os.path.isabs(path) or any(_under(os.path.normpath(path), t) for t in targets):
-                if path and not os.path.isabs(path):
-                    raise ValueError(f"{what} {path} is relative: in the container it would be under NeMo-Run's "
-                                     f"job folder; give an absolute path under a mount")
+            if not path:
                 continue
-            fix = (f"export {SETTINGS['data_dir'][0]}=<host dir> (mounted at {DATA_MOUNT_TARGET})" if what == "data_path"
-                   else f"export {SETTINGS['checkpoint_dir'][0]}=<host dir> (mounted at {CHECKPOINT_MOUNT_TARGET})")
+            if not os.path.isabs(path):
+                raise ValueError(f"{what} {path} is relative: in the container it would be under NeMo-Run's job "
+                                 f"folder; give an absolute path under a mount")
+            if any(_under(os.path.normpath(path), target) for target in targets):
+                continue
+            name, target = ("data_dir", DATA_MOUNT_TARGET) if what == "data_path" else \
+                ("checkpoint_dir", CHECKPOINT_MOUNT_TARGET)
+            outcome = "find no data there" if what == "data_path" else "write it inside the container and lose it"
             mounted = ", ".join(targets) or "nothing but NeMo-Run's own folder"
             raise ValueError(f"{what} {path} is under no container mount (mounted: {mounted}): the job would "
-                             f"{'find no data there' if what == 'data_path' else 'write it inside the container and lose it'}; "
-                             f"{fix} and use a path under it, or add executor.mounts=[<host>:<container>]")
+                             f"{outcome}; export {SETTINGS[name][0]}=<host dir> (mounted at {target}) and use a path under it, "
+                             f"or add executor.mounts=[<host>:<container>]")
         return
     shared = executor.env_vars.get(SETTINGS["shared_dirs"][0], "").split(":")
     for what, path in paths.items():

@@ -6,8 +6,8 @@
     export SLURM_CONF=DIR/slurm.conf                # then sbatch / squeue / python -m recipes ... --executor slurm
 
 Everything lives in DIR (its own munge key and socket, configuration, state, spool, logs, PID files); the daemons
-listen on 127.0.0.1 only (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`, every address 127.0.0.1), on ports free when the
-cluster came up. The nodes `n1`, `n2` are two `slurmd -N` on this host, each advertising `cpus` CPUs
+listen on 127.0.0.1 only (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`, every address 127.0.0.1), on
+ports free when the cluster came up. The nodes `n1`, `n2` are two `slurmd -N` on this host, each advertising `cpus` CPUs
 (`SlurmdParameters=config_overrides`: more than the machine has is allowed). The settings are the ones that run in
 a container without systemd or cgroups (linuxproc process tracking, no task plugin, no accounting), with
 scheduling every second, a 5 s credential lifetime so a requeued job restarts in seconds, and jobs kept visible to
@@ -203,7 +203,8 @@ class LocalSlurm:
             while time.monotonic() < deadline:
                 out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%T"], env=env, capture_output=True,
                                      text=True)
-                if out.returncode != 0 or not {"RUNNING", "COMPLETING", "PENDING", "CONFIGURING"} & set(out.stdout.split()):
+                active = {"RUNNING", "COMPLETING", "PENDING", "CONFIGURING"} & set(out.stdout.split())
+                if out.returncode != 0 or not active:
                     break
                 time.sleep(0.3)
         killed = []
