@@ -316,8 +316,8 @@ def check_reachable(executor: run.SlurmExecutor, paths: dict[str, str]) -> None:
             outcome = "find no data there" if what == "data_path" else "write it inside the container and lose it"
             mounted = ", ".join(targets) or "nothing but NeMo-Run's own folder"
             raise ValueError(f"{what} {path} is under no container mount (mounted: {mounted}): the job would "
-                             f"{outcome}; export {SETTINGS[name][0]}=<host dir> (mounted at {target}) and use a path under it, "
-                             f"or add executor.mounts=[<host>:<container>]")
+                             f"{outcome}; export {SETTINGS[name][0]}=<host dir> (mounted at {target}) and use a "
+                             f"path under it, or add executor.mounts=[<host>:<container>]")
         return
     shared = executor.env_vars.get(SETTINGS["shared_dirs"][0], "").split(":")
     for what, path in paths.items():
