@@ -19,7 +19,6 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -86,26 +85,6 @@ def phase_losses(run_dir: Path, share: float = 0.1) -> dict[str, float]:
         by_phase.setdefault(row["phase"], []).append(row[f"train/{row['phase']}/loss"])
     return {phase: sum(v[-max(1, int(len(v) * share)):]) / max(1, int(len(v) * share))
             for phase, v in by_phase.items()}
-
-
-class _Progress(threading.Thread):
-    """Prints the run's step and loss from metrics.jsonl every few seconds while NeMo-Run runs it."""
-
-    def __init__(self, metrics: Path, steps: int, console):
-        super().__init__(daemon=True)
-        self.metrics, self.steps, self.console, self.done = metrics, steps, console, threading.Event()
-
-    def run(self) -> None:
-        shown = 0
-        while not self.done.wait(10):
-            if not self.metrics.exists():
-                continue
-            lines = self.metrics.read_text().splitlines()
-            if len(lines) > shown and lines[-1].endswith("}"):
-                row = json.loads(lines[-1])
-                shown = len(lines)
-                _say(self.console, f"      step {row['step']:>4}/{self.steps}  {row['phase'].upper()} loss "
-                                   f"{row[f'train/{row['phase']}/loss']:.2f}  ({row['perf/tokens_per_s']:.0f} tok/s)")
 
 
 def random_baseline(like: Path, target: Path, seed: int = 0) -> Path:
@@ -274,12 +253,6 @@ def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], targ
     return target
 
 
-def _checkpointed_step(run_dir: Path) -> int | None:
-    pointer = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    text = pointer.read_text().strip() if pointer.exists() else ""
-    return int(text) if text.isdigit() else None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlmclm.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -303,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlmclm.data.tokenizer import load_tokenizer
     from recipes.launch import TaskFailedError, build, launch
+    from recipes.progress import RunProgress
     from recipes.tiny import prepare_tiny_data
 
     tokenizer = load_tokenizer("embedded")
@@ -328,21 +302,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"CLM {CLM_SHARE:.0%} → MLM (mask {cfg.phases[1].objective.mask_ratio:.0%}) of {args.steps} steps × "
                   f"{cfg.global_batch_size} sequences, 2 torchrun processes through NeMo-Run's local executor "
                   f"(its log: {log_file})")
-    done = _checkpointed_step(run_dir)
-    if done is not None:  # the launch resumes the run directory: say so rather than look like a 30 s training run
-        _say(console, f"      {run_dir} already holds this run at step {done} of {args.steps}: "
-                      + ("reusing it (its figures below are that run's; delete the directory to train again)"
-                         if done >= args.steps else "resuming it"))
-    progress = _Progress(run_dir / "metrics.jsonl", args.steps, os.fdopen(os.dup(1), "w"))
+    # says whether the run directory already holds this run (then reused: its figures below are that run's)
+    progress = RunProgress(run_dir, args.steps, os.fdopen(os.dup(1), "w"), prefix="      ", summary=False)
     progress.start()
     try:
-        launch([("tiny_clm_mlm", partial)], "local", base_dir=str(out / "nemo_experiments"), console_log=log_file)
+        launch([("tiny_clm_mlm", partial)], "local", base_dir=str(out / "nemo_experiments"), console_log=log_file,
+               progress=False)
     except TaskFailedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        progress.done.set()
-        progress.join()
+        progress.stop()
     losses = phase_losses(run_dir)
     _say(console, f"      loss over the last 10 % of each phase: CLM {losses['clm']:.3f}, MLM {losses['mlm']:.3f}; "
                   f"unigram entropy {entropy:.3f} → MLM {entropy - losses['mlm']:+.3f} nats below it"

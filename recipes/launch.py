@@ -26,6 +26,7 @@ from mlmclm.config_io import parse_value
 from mlmclm.data.manifest import MANIFEST_NAME
 from recipes import registry
 from recipes.base import validate
+from recipes.progress import RunProgress
 
 EXECUTORS = ("local", "slurm")
 
@@ -160,18 +161,25 @@ def init_from_param(name: str, first: run.Partial) -> dict:
 
 def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_options: dict | None = None,
            title: str | None = None, dryrun: bool = False, detach: bool = False,
-           base_dir: str | None = None, console_log: str | Path | None = None) -> run.Experiment:
+           base_dir: str | None = None, console_log: str | Path | None = None, progress: bool = True
+           ) -> run.Experiment:
     """Run `tasks` as one `run.Experiment`, each task depending on the previous one (a chain when > 1).
 
     On Slurm the dependency is `afterok`: the next job starts only if the previous one finished (a preempted run
     exits non-zero and requeues itself first). Locally, tasks run one after the other.
     `dryrun` writes the scripts (sbatch for Slurm) under the experiment directory without submitting.
     `console_log`: NeMo-Run's own console output (banners, status, hints) goes to this file instead.
+    Locally each run's progress is printed (`recipes.progress`) unless `progress` is False.
     A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log.
     """
     title = title or tasks[0][0]
     slurm = executor_kind == "slurm"
-    with _console_to(console_log):
+    console = sys.stdout  # before NeMo-Run's output is sent to `console_log`
+    # locally, the runs' progress from their metrics.jsonl (NeMo-Run shows only the task's status); the experiment
+    # waits for its tasks when its block exits
+    watching = [RunProgress(run_dir_of(partial), partial.config.total_steps, console) for _, partial in tasks] \
+        if progress and not (slurm or detach or dryrun) else []
+    with _console_to(console_log), _watched(watching):
         # Slurm: submitted detached and followed with scontrol (NeMo-Run's own wait and status need sacct).
         with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
             previous = None
@@ -228,6 +236,8 @@ def follow_slurm(exp: run.Experiment, detach: bool) -> tuple[dict[str, str], dic
     jobs = slurm_jobs(exp)
     print("submitted: " + ", ".join(f"{name} = Slurm job {job_id}" for name, job_id in jobs.items())
           + f"; logs under {exp._exp_dir}", flush=True)
+    print(f"follow them: squeue -j {','.join(jobs.values())}; tail -F {exp._exp_dir}/*/log-*.out "
+          f"(one log per start of a job; a requeued job adds the next)", flush=True)
     if detach:
         return jobs, {}
     states = wait_for_jobs(jobs, log=lambda line: print(line, flush=True))
@@ -282,6 +292,17 @@ def run_status(run_dir: str) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+@contextlib.contextmanager
+def _watched(reporters: list[RunProgress]):
+    for reporter in reporters:
+        reporter.start()
+    try:
+        yield
+    finally:
+        for reporter in reporters:
+            reporter.stop()
 
 
 @contextlib.contextmanager

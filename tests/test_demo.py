@@ -47,7 +47,7 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     again = subprocess.run([sys.executable, "-m", "mlmclm.demo", "--steps", "8", "--skip-eval", "--output", str(out)],
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"{out / 'run'} already holds this run at step 8 of 8: reusing it" in again.stdout
+    assert f"{out / 'run'}: already finished at step 8; nothing to train" in again.stdout
 
 
 def test_unigram_fill_mask_baseline_scores_the_models_masked_tokens():

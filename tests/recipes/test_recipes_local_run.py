@@ -1,16 +1,30 @@
 """`tiny_clm_mlm` through NeMo-Run's LocalExecutor: 2 torchrun CPU processes, checkpoint and TensorBoard logs."""
 import json
+import re
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from recipes import launch
+from recipes.progress import RunProgress
 
 
-def test_tiny_clm_mlm_runs_with_the_local_executor(nemo_home, tmp_path, tiny_data):
+def _every_second(init):
+    def fast(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "interval": 1.0})
+    return fast
+
+
+def test_tiny_clm_mlm_runs_with_the_local_executor(nemo_home, tmp_path, tiny_data, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     partial, _ = launch.build("tiny_clm_mlm", ["steps=6", f"run_dir={run_dir}", f"data_path={tiny_data}"])
+    monkeypatch.setattr(RunProgress, "__init__", _every_second(RunProgress.__init__))
     launch.launch([("tiny_clm_mlm", partial)], "local", {"gpus": False})
+    # the console shows the run, not only NeMo-Run's status: its start, steps with losses, where its outputs are
+    console = capsys.readouterr().out
+    assert f"{run_dir}: new run of 6 steps" in console
+    assert re.search(r"step +6/6 \[mlm\] loss \d+\.\d+.*tok/s", console), console
+    assert f"metrics: {run_dir / 'metrics.jsonl'}; TensorBoard:" in console
 
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "6"

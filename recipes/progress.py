@@ -1,0 +1,86 @@
+"""What a local launch shows while NeMo-Run runs the task: the run's progress, read from its `metrics.jsonl`.
+
+NeMo-Run's local executor prints its own panel and a final status; the losses stay in a log several folders down.
+This reporter prints where the run starts (fresh, resumed at step N, already finished), then every `interval` seconds
+the last step's objective, loss, held-out losses when measured, tokens/s and an ETA, and at the end where the
+metrics, TensorBoard files and checkpoints are.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+
+def checkpointed_step(run_dir: Path) -> int | None:
+    pointer = Path(run_dir) / "checkpoints" / "latest_checkpointed_iteration.txt"
+    text = pointer.read_text().strip() if pointer.exists() else ""
+    return int(text) if text.isdigit() else None
+
+
+def _last_row(metrics: Path) -> dict | None:
+    if not metrics.exists():
+        return None
+    lines = metrics.read_text().splitlines()
+    for line in reversed(lines):  # the last complete row (the trainer may be writing the next one)
+        if line.endswith("}"):
+            return json.loads(line)
+    return None
+
+
+def step_line(row: dict, total: int, seconds_per_step: float | None) -> str:
+    phase = row["phase"]
+    held_out = (f", held-out CLM {row['val/clm/loss']:.3f} / MLM {row['val/mlm/loss']:.3f}"
+                if "val/clm/loss" in row and "val/mlm/loss" in row else "")
+    eta = "" if seconds_per_step is None else f", ETA {seconds_per_step * (total - row['step']) / 60:.1f} min"
+    return (f"step {row['step']:>5}/{total} [{phase}] loss {row[f'train/{phase}/loss']:.3f}{held_out} "
+            f"({row['perf/tokens_per_s']:.0f} tok/s{eta})")
+
+
+class RunProgress(threading.Thread):
+    """Prints a run's progress while it trains in other processes; `stop()` prints where its outputs are."""
+
+    def __init__(self, run_dir: str | Path, total_steps: int, console, interval: float = 10.0,
+                 prefix: str = "", summary: bool = True):
+        super().__init__(daemon=True)
+        self.run_dir, self.total, self.console = Path(run_dir), total_steps, console
+        self.interval, self.prefix, self.summary = interval, prefix, summary
+        self.done = threading.Event()
+        self.shown_step = None
+
+    def _say(self, text: str) -> None:
+        print(self.prefix + text, file=self.console, flush=True)
+
+    def start(self) -> None:
+        step = checkpointed_step(self.run_dir)
+        if step is None:
+            self._say(f"{self.run_dir}: new run of {self.total} steps")
+        elif step >= self.total:
+            self._say(f"{self.run_dir}: already finished at step {step}; nothing to train (delete it to train again)")
+        else:
+            self._say(f"{self.run_dir}: resuming at step {step} of {self.total}")
+        super().start()
+
+    def run(self) -> None:
+        first = None  # (time, step) of the first row seen: the ETA's rate leaves the start-up out
+        while not self.done.wait(self.interval):
+            row = _last_row(self.run_dir / "metrics.jsonl")
+            if row is None or row["step"] == self.shown_step:
+                continue
+            if first is None:
+                first = (time.monotonic(), row["step"])
+            rate = (time.monotonic() - first[0]) / (row["step"] - first[1]) if row["step"] > first[1] else None
+            self.shown_step = row["step"]
+            self._say(step_line(row, self.total, rate))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        if not self.summary:
+            return
+        row = _last_row(self.run_dir / "metrics.jsonl")
+        if row is not None and row["step"] != self.shown_step:
+            self._say(step_line(row, self.total, None))
+        self._say(f"metrics: {self.run_dir / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir_spec "
+                  f"{self.run_dir.name}:{self.run_dir / 'tensorboard'}; checkpoints: {self.run_dir / 'checkpoints'}")
