@@ -34,6 +34,7 @@ from mlmclm.train.branch import check_branch_plan
 from recipes import grid as grids
 from recipes import launch, registry
 from recipes.base import PAPER_RUN_ROOT, tokens_per_sample, validate
+from recipes.progress import checkpointed_step
 from recipes.tiny import TINY_RUN_ROOT
 
 DEFAULT_MFU = 0.40  # assumed model-FLOPs utilisation for the GPU-hours estimate (not measured)
@@ -59,14 +60,6 @@ class PlannedRun:
         return self.state == "finished"
 
 
-def _checkpointed_step(run_dir: Path) -> int | None:
-    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    if not latest.exists():
-        return None
-    text = latest.read_text().strip()
-    return int(text) if text.isdigit() else None
-
-
 def host_run_dir(run_dir: str, checkpoint_dir: str | None) -> Path | None:
     """Where this machine sees a run directory: container paths under /checkpoints map to the executor's
     checkpoint_dir; None when it cannot be seen from here."""
@@ -82,7 +75,7 @@ def host_run_dir(run_dir: str, checkpoint_dir: str | None) -> Path | None:
 def run_state(run_dir: Path | None, total_steps: int) -> str:
     if run_dir is None:
         return "unknown"
-    step = _checkpointed_step(run_dir)
+    step = checkpointed_step(run_dir)
     if step is None:
         return "new"
     return "finished" if step >= total_steps else f"partial {step}/{total_steps}"
@@ -156,7 +149,7 @@ def build_plan(grid_name: str, *, params: dict | None = None,
                                   * tokens_per_sample(cfg, seq), _flops_after(cfg, seq, phases, 0) * to_hours,
                                   _flops_after(cfg, seq, phases, entry.branch_step or 0) * to_hours,
                                   run_state(host_dir, cfg.total_steps),
-                                  None if host_dir is None else _checkpointed_step(host_dir), host_dir))
+                                  None if host_dir is None else checkpointed_step(host_dir), host_dir))
     _plan_branches(planned)
     return planned
 
