@@ -1,4 +1,4 @@
-"""Reading the training loop's TensorBoard scalars. The tag names the trainer writes live here, in one place."""
+"""Reading the training loop's TensorBoard scalars (tag names: mlmclm/tensorboard_tags.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,17 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-OBJECTIVES = ("clm", "mlm")
-TAG_TOKENS = "train/tokens"
-TAG_LR = "train/lr"
+from mlmclm.tensorboard_tags import OBJECTIVES, TAG_TOKENS, loss_tag, tensorboard_tag
 
-
-def loss_tag(objective: str) -> str:
-    return f"train/{objective}/loss"
-
-
-def accuracy_tag(objective: str) -> str:
-    return f"train/{objective}/accuracy"
+__all__ = ["OBJECTIVES", "TAG_TOKENS", "Scalars", "loss_tag", "read_scalars", "tokens_at"]
 
 
 @dataclass
@@ -26,7 +18,8 @@ class Scalars:
 
 
 def read_scalars(log_dir: Path) -> dict[str, Scalars]:
-    """All scalar series under `log_dir` (every events file below it), merged per tag and sorted by step."""
+    """All scalar series under `log_dir` (every events file below it), merged per tag and sorted by step. Runs logged
+    under the older names (`train/clm/loss`, the metrics.jsonl keys) are read under today's tags."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     log_dir = Path(log_dir)
@@ -38,7 +31,7 @@ def read_scalars(log_dir: Path) -> dict[str, Scalars]:
         accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})  # 0 = keep every point
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
-            series = merged.setdefault(tag, {})
+            series = merged.setdefault(tensorboard_tag(tag), {})
             for event in accumulator.Scalars(tag):
                 series[event.step] = event.value  # a resumed run re-logs steps: the later file wins
     out = {}

@@ -1,4 +1,5 @@
-"""Per-step metrics: TensorBoard event files (rank 0) and a compact console line every N steps."""
+"""Per-step metrics: metrics.jsonl, TensorBoard event files (rank 0; tag names in mlmclm/tensorboard_tags.py) and a
+compact console line every N steps."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from mlmclm.tensorboard_tags import tensorboard_tag
 
 log = logging.getLogger("mlmclm.train")
 
@@ -39,24 +42,24 @@ class MetricsLogger:
         """Group the charts: one loss/accuracy chart across objectives, throughput, optimisation. No MFU chart where
         the device's peak is unknown (CPU): it would stay empty."""
         objectives = sorted(set(phase_names))
-        throughput = {"tokens/s": ["Multiline", ["perf/tokens_per_s"]],
-                      "TFLOP/s per GPU": ["Multiline", ["perf/tflops_per_gpu"]]}
+
+        def chart(*keys: str) -> list:
+            return ["Multiline", [tensorboard_tag(k) for k in keys]]
+
+        throughput = {"tokens/s": chart("perf/tokens_per_s"), "TFLOP/s per GPU": chart("perf/tflops_per_gpu")}
         if mfu:
-            throughput["MFU"] = ["Multiline", ["perf/mfu"]]
+            throughput["MFU"] = chart("perf/mfu")
         self.writer.add_custom_scalars({
             "objectives": {
-                "loss": ["Multiline", [f"train/{o}/loss" for o in objectives]],
-                "accuracy": ["Multiline", [f"train/{o}/accuracy" for o in objectives]],
+                "loss": chart(*(f"train/{o}/loss" for o in objectives)),
+                "accuracy": chart(*(f"train/{o}/accuracy" for o in objectives)),
             },
             "throughput": throughput,
             "validation": {  # held-out losses of both objectives, whatever the run trains
-                "loss": ["Multiline", ["val/clm/loss", "val/mlm/loss"]],
-                "accuracy": ["Multiline", ["val/clm/accuracy", "val/mlm/accuracy"]],
+                "loss": chart("val/clm/loss", "val/mlm/loss"),
+                "accuracy": chart("val/clm/accuracy", "val/mlm/accuracy"),
             },
-            "optimisation": {
-                "lr": ["Multiline", ["train/lr"]],
-                "grad norm": ["Multiline", ["train/grad_norm"]],
-            },
+            "optimisation": {"lr": chart("train/lr"), "grad norm": chart("train/grad_norm")},
         })
 
     def step(self, step: int, phase_name: str, phase_index: int, result, consumed_tokens: int, step_tokens: int,
@@ -87,8 +90,8 @@ class MetricsLogger:
             metrics["perf/mfu"] = tflops / peak_tflops
         metrics.update(extra)
         if self.writer is not None:
-            for tag, value in metrics.items():
-                self.writer.add_scalar(tag, value, step)
+            for key, value in metrics.items():
+                self.writer.add_scalar(tensorboard_tag(key), value, step)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps({"step": step, "phase": phase_name, **metrics}) + "\n")
             self.metrics_file.flush()
@@ -104,15 +107,16 @@ class MetricsLogger:
             if self.writer is not None:
                 self.writer.add_text(tag, message, step)
 
-    def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
-        """The HParams tab: this run's settings beside the last values of its own curves (`metric_tags`).
+    def hparams(self, hparams: dict, metric_keys: list[str]) -> None:
+        """The HParams tab: this run's settings beside the last values of its own curves (`metric_keys`, named as in
+        metrics.jsonl).
 
         Written into the run itself, not as torch's `add_hparams` does (a second run named "hparams" holding one
         point per metric, whose single-point cards then opened TensorBoard's Time Series view)."""
         if self.writer is not None:
             from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-            for summary in hparams_summary(hparams, dict.fromkeys(metric_tags, 0.0)):
+            for summary in hparams_summary(hparams, dict.fromkeys(map(tensorboard_tag, metric_keys), 0.0)):
                 self.writer.file_writer.add_summary(summary)
 
     def close(self) -> None:

@@ -47,6 +47,18 @@ def test_read_scalars_round_trip(two_runs):
     assert scalars[loss_tag("mlm")].values[-1] == pytest.approx(3.0)
 
 
+def test_runs_logged_under_the_older_tag_names_are_read_under_todays(tmp_path):
+    """Runs written before mlmclm/tensorboard_tags.py named `train/clm/loss` what is now `clm/loss`."""
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step in (1, 2):
+        writer.add_scalar("train/clm/loss", 4.0 - step, step)
+        writer.add_scalar("train/tokens", step * 256, step)
+    writer.close()
+    scalars = read_scalars(tmp_path)
+    assert loss_tag("clm") == "clm/loss" and list(scalars[loss_tag("clm")].values) == [3.0, 2.0]
+    assert list(scalars[TAG_TOKENS].values) == [256.0, 512.0] and "train/clm/loss" not in scalars
+
+
 def test_compare_runs_writes_pngs_and_table(two_runs):
     out = two_runs / "cmp"
     table = compare_runs([RunInputs("CLM", two_runs / "clm" / "tb", two_runs / "clm" / "eval"),

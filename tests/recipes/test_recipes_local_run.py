@@ -37,9 +37,9 @@ def test_tiny_clm_mlm_runs_with_the_local_executor(nemo_home, tmp_path, tiny_dat
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/clm/loss", "train/mlm/loss", "train/lr"} <= tags
-    assert [e.step for e in events.Scalars("train/clm/loss")] == [1, 2]
-    assert [e.step for e in events.Scalars("train/mlm/loss")] == [3, 4, 5, 6]
+    assert {"clm/loss", "mlm/loss", "optimisation/lr"} <= tags  # mlmclm/tensorboard_tags.py
+    assert [e.step for e in events.Scalars("clm/loss")] == [1, 2]
+    assert [e.step for e in events.Scalars("mlm/loss")] == [3, 4, 5, 6]
     # NeMo-Run kept the torchrun logs of both ranks.
     assert len({p.parent.name for p in Path(nemo_home).rglob("attempt_0/*/stderr.log")}) == 2
 
