@@ -98,7 +98,7 @@ def launch(cfg_dict: dict, stop_after: int | None) -> None:
     """One run in one new process, forked from the fork server."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from mlmclm.parallel.launch import free_port
+    from mlmclm.parallel.ports import free_port
     from mlmclm.train.signals import start_checkpoint_writer_helper
 
     start_checkpoint_writer_helper()  # once, here: a helper per run would cost a spawned interpreter each

@@ -10,14 +10,16 @@ The loss itself (vocab-parallel cross entropy, accuracy) lives in `mlmclm.object
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal
 
-import torch
+from mlmclm.objectives.batch import IGNORE_INDEX, Objective, ObjectiveBatch
+from mlmclm.objectives.clm import CausalLM
+from mlmclm.objectives.mlm import MaskedLM
 
-from mlmclm.parallel.runtime import to_device
+__all__ = ["IGNORE_INDEX", "Objective", "ObjectiveBatch", "ObjectiveConfig", "build_objective",
+           "objective_for_tokenizer"]
 
-IGNORE_INDEX = -100
 KINDS = ("clm", "mlm")
 MASK_MODES = ("mask_only", "80_10_10")
 
@@ -37,30 +39,6 @@ class ObjectiveConfig:
             raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {self.mask_mode!r}")
 
 
-@dataclass
-class ObjectiveBatch:
-    input_ids: torch.Tensor      # LongTensor [b, S]
-    labels: torch.Tensor         # LongTensor [b, S], IGNORE_INDEX where nothing is predicted
-    loss_mask: torch.Tensor      # FloatTensor [b, S], 1 where a label is predicted
-    causal: bool                 # attention type the objective needs
-    num_predicted: torch.Tensor  # 0-dim int64 on the batch's device: predicted tokens, for logging (no sync)
-
-    def to(self, device: torch.device) -> ObjectiveBatch:
-        """The batch on `device`. From the host to a GPU the tensors are pinned first, so that the copies are
-        queued without the host waiting for the device."""
-        return replace(self, input_ids=to_device(self.input_ids, device), labels=to_device(self.labels, device),
-                       loss_mask=to_device(self.loss_mask, device),
-                       num_predicted=to_device(self.num_predicted, device))
-
-
-class Objective(Protocol):
-    name: str
-    causal: bool
-
-    def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor,
-                positions: torch.Tensor | None = None) -> ObjectiveBatch: ...
-
-
 def build_objective(
     cfg: ObjectiveConfig,
     *,
@@ -72,9 +50,6 @@ def build_objective(
 ) -> Objective:
     """The objective for `cfg`. `special_token_ids` are never masked by MLM. CLM never predicts padding: with
     `pad_token_id` only the pad (and mask) ids are excluded from labels, without it every special id is."""
-    from mlmclm.objectives.clm import CausalLM
-    from mlmclm.objectives.mlm import MaskedLM
-
     if cfg.kind == "clm":
         no_label = special_token_ids if pad_token_id is None else [pad_token_id, mask_token_id]
         no_label = [i for i in no_label if i is not None]

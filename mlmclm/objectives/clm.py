@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from mlmclm.objectives import IGNORE_INDEX, ObjectiveBatch
+from mlmclm.objectives.batch import IGNORE_INDEX, ObjectiveBatch
 
 
 class CausalLM:

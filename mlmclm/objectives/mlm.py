@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mlmclm.objectives import IGNORE_INDEX, ObjectiveBatch
+from mlmclm.objectives.batch import IGNORE_INDEX, ObjectiveBatch
 from mlmclm.objectives.hashing import randoms_at, threshold, token_randoms
 
 _SELECT, _ACTION, _RANDOM_TOKEN = 1, 2, 3  # independent random streams

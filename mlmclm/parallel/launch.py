@@ -5,16 +5,11 @@ Used by multi-process tests and CPU benchmarks; real runs use torchrun or Slurm 
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from mlmclm.parallel.ports import free_port
 
 
 def _worker(local_rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from mlmclm.parallel import cpu_emulation
-from mlmclm.parallel.launch import free_port
+from mlmclm.parallel.ports import free_port
 
 
 # Refused rather than half-done: with CP > 1 megatron's attention expects each CP rank to hold its load-balanced
