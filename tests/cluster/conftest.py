@@ -29,7 +29,8 @@ def slurm_cluster(tmp_path_factory):
             pytest.fail(f"MLMCLM_REQUIRE_SLURM is set but {reason}")
         pytest.skip(reason)
     # not under pytest's own folders: they are private to root, and munged runs as the munge user
-    cluster = LocalSlurm(Path(tempfile.mkdtemp(prefix="mlmclm-slurm-")))
+    # 8 CPUs a node (slurmd's config_overrides): every scenario's jobs fit at once, none waits for resources
+    cluster = LocalSlurm(Path(tempfile.mkdtemp(prefix="mlmclm-slurm-")), cpus=8)
     cluster.up()
     saved = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)  # scontrol/squeue from the tests themselves
@@ -68,3 +69,11 @@ def launch_env(slurm_cluster, shared) -> dict[str, str]:
                 "MLMCLM_SLURM_JOB_DIR": str(shared / "nemorun" / "experiments"),
                 "MLMCLM_SHARED_DIRS": f"{shared}:{sys.prefix}:{REPO}"})
     return env
+
+
+@pytest.fixture(scope="session")
+def scenarios(slurm_cluster, launch_env, shared, slurm_data) -> dict:
+    """Every Slurm launch of the tests, run together to their end (slurm_scenarios.py)."""
+    from slurm_scenarios import launch_all
+
+    return launch_all(launch_env, shared, slurm_data)

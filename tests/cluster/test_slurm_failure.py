@@ -1,18 +1,12 @@
-"""A run that fails on the nodes, on the real scheduler: requeued only as often as `max_requeues` allows, then
-FAILED, and its own error is on the console of the launch (with the log it comes from)."""
+"""A run that fails on the nodes, on the real scheduler (slurm_scenarios.py): requeued only as often as
+`max_requeues` allows, then FAILED, and its own error is on the console of the launch (with the log it comes from)."""
 import json
 
-from slurm_helpers import SLURM_ARGS, job_fields, no_job_process_left, run_recipes, submitted_jobs
+from slurm_helpers import job_fields, no_job_process_left, submitted_jobs
 
 
-def test_a_raising_rank_is_not_requeued_without_end_and_its_error_is_on_the_console(slurm_cluster, launch_env,
-                                                                                      shared):
-    broken = shared / "broken_data"
-    broken.mkdir()
-    (broken / "manifest.json").write_text("{not json")  # read by every rank at start: each raises
-    result = run_recipes(launch_env, "tiny_clm_mlm", "steps=4", "processes=1", f"data_path={broken}",
-                         f"run_dir={shared / 'failing_run'}", *SLURM_ARGS, "executor.cpus_per_task=1",
-                         "executor.max_requeues=1")
+def test_a_raising_rank_is_not_requeued_without_end_and_its_error_is_on_the_console(scenarios, slurm_cluster):
+    result, broken = scenarios["failure"], scenarios["broken_data"]
     assert result.returncode == 1, result.stdout + result.stderr
     (job_id,) = submitted_jobs(result.stdout).values()
     err = result.stderr
@@ -23,7 +17,6 @@ def test_a_raising_rank_is_not_requeued_without_end_and_its_error_is_on_the_cons
     assert "not requeued (max_requeues=1)" in err
     fields = job_fields(job_id)
     assert (fields["JobState"], fields["Restarts"]) == ("FAILED", "1")
-    status = json.loads((shared / "failing_run" / "run_status.json").read_text())
+    status = json.loads((scenarios["failing_run"] / "run_status.json").read_text())
     assert status["status"] == "failed" and "manifest" in status["detail"]
     no_job_process_left(slurm_cluster)
-

@@ -1,16 +1,14 @@
-"""The tiny grid on the real scheduler (`python -m recipes grid tiny --executor slurm`): each job waits for what it
-starts from through Slurm's afterok — the continued pretraining for its decayed parent, the branch for the segment
-that writes its branch point — and starts from that checkpoint."""
+"""The tiny grid on the real scheduler (`python -m recipes grid tiny --executor slurm`, slurm_scenarios.py): each job
+waits for what it starts from through Slurm's afterok — the continued pretraining for its decayed parent, the
+branch for the segment that writes its branch point — and starts from that checkpoint."""
 import json
 
 from cluster.slurm_jobs import job_logs
-from slurm_helpers import SLURM_ARGS, job_fields, no_job_process_left, run_recipes, submitted_jobs
+from slurm_helpers import job_fields, no_job_process_left, submitted_jobs
 
 
-def test_the_tiny_grid_waits_for_its_parents_on_slurm(slurm_cluster, launch_env, shared, slurm_data):
-    root = shared / "grid"
-    result = run_recipes(launch_env, "grid", "tiny", "--run-root", str(root), "--data-path", slurm_data,
-                         *SLURM_ARGS, "executor.cpus_per_task=2")
+def test_the_tiny_grid_waits_for_its_parents_on_slurm(scenarios, slurm_cluster, shared):
+    result, root = scenarios["sweep"], scenarios["grid_root"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     jobs = submitted_jobs(result.stdout)
     clm, segment = "tiny-clm-4", "tiny-clm-4-until-2"
