@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 from mlmclm import quiet
+# shared with the mini-replication; imported here under the names the demo has always used
+from mlmclm.eval.fill_mask import (corpus_split, fill_mask_scores, held_back_passages, load_mlm,  # noqa: F401
+                                   masked_positions, unigram_entropy, unigram_fill_mask_scores, validation_losses)
 
 DEMO_STEPS = 400
 CLM_SHARE = 0.25
@@ -41,40 +42,9 @@ VALIDATION_EVERY = 8  # every 8th work (4 of the 41 training works) is the valid
 DEMO_SMOKE_TASKS = ("smoke_speaker_names", "smoke_named_character")
 
 
-def validation_losses(run_dir: Path) -> dict[int, dict[str, float]]:
-    """step → the held-out CLM and MLM losses logged at that step."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: {k: row[k] for k in ("val/clm/loss", "val/mlm/loss")} for row in rows if "val/clm/loss" in row}
-
-
 def _say(console, text: str = "") -> None:
     console.write(text + "\n")
     console.flush()
-
-
-def corpus_split(tokenizer) -> tuple[int, str, Counter]:
-    """Tokens of every work but the last and the validation works (the training data: BOS + text + EOS each), the
-    held-back work's text, and the token counts of the training text."""
-    from mlmclm.data.corpus import load_works
-
-    works = load_works()
-    counts: Counter = Counter()
-    total = 0
-    for index, work in enumerate(works[:-1]):
-        if index % VALIDATION_EVERY == VALIDATION_EVERY - 1:   # prepare_data's rule: the validation split
-            continue
-        ids = tokenizer(work.text, add_special_tokens=False)["input_ids"]
-        counts.update(ids)
-        total += len(ids) + 2
-    return total, works[-1], counts
-
-
-def unigram_entropy(counts: Counter) -> float:
-    """Entropy (nats per token) of the training tokens' unigram distribution."""
-    import math
-
-    n = sum(counts.values())
-    return -sum(c / n * math.log(c / n) for c in counts.values())
 
 
 def phase_losses(run_dir: Path, share: float = 0.1) -> dict[str, float]:
@@ -101,72 +71,11 @@ def random_baseline(like: Path, target: Path, seed: int = 0) -> Path:
     return target
 
 
-def held_back_passages(text: str, count: int, lines_each: int = 6) -> list[str]:
-    """`count` passages of `lines_each` consecutive non-empty lines, spread evenly over the held-back work."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    stride = max(lines_each, len(lines) // max(1, count))
-    return ["\n".join(lines[i:i + lines_each]) for i in range(0, len(lines) - lines_each, stride)][:count]
-
-
-def _mlm(model_dir: Path):
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir), AutoModelForMaskedLM.from_pretrained(model_dir).eval()
-
-
-def masked_positions(tokenizer, passages: list[str], mask_ratio: float, seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """Each passage's token ids (first 128) and the positions masked in it: `mask_ratio` of the tokens, drawn with a
-    fixed seed, so every model — and the unigram baseline — is scored on the same masked tokens."""
-    rng = random.Random(seed)
-    out = []
-    for passage in passages:
-        ids = tokenizer(passage, add_special_tokens=False)["input_ids"][:128]
-        out.append((ids, rng.sample(range(len(ids)), max(1, round(mask_ratio * len(ids))))))
-    return out
-
-
-def fill_mask_scores(model_dir: Path, passages: list[str], mask_ratio: float, seed: int = 0):
-    """Masked-token cross entropy (nats) and top-1 accuracy on `passages`, masking `mask_ratio` of the tokens the
-    way training does (mask token only, positions drawn with a fixed seed: the same for every model)."""
-    import torch
-
-    tokenizer, model = _mlm(model_dir)
-    total, correct, count = 0.0, 0, 0
-    with torch.no_grad():
-        for ids, picked in masked_positions(tokenizer, passages, mask_ratio, seed):
-            masked = list(ids)
-            for p in picked:
-                masked[p] = tokenizer.mask_token_id
-            logits = model(input_ids=torch.tensor([masked])).logits[0, picked]
-            targets = torch.tensor([ids[p] for p in picked])
-            total += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
-            correct += (logits.argmax(-1) == targets).sum().item()
-            count += len(picked)
-    return total / count, correct / count
-
-
-def unigram_fill_mask_scores(tokenizer, counts: Counter, passages: list[str], mask_ratio: float, seed: int = 0):
-    """The fill-mask score of a model that knows only the training text's token frequencies (add-one smoothed over
-    the vocabulary, so a token unseen in training costs log(N + V) nats, not infinity), on the same masked tokens
-    as `fill_mask_scores`: cross entropy and top-1 accuracy (always guessing the most frequent token)."""
-    import math
-
-    n, vocab = sum(counts.values()), len(tokenizer)
-    most_frequent = counts.most_common(1)[0][0]
-    total, correct, count = 0.0, 0, 0
-    for ids, picked in masked_positions(tokenizer, passages, mask_ratio, seed):
-        for p in picked:
-            total -= math.log((counts.get(ids[p], 0) + 1) / (n + vocab))
-            correct += ids[p] == most_frequent
-            count += 1
-    return total / count, correct / count
-
-
 def fill_mask_examples(model_dir: Path, passages: list[str], top: int = 3) -> list[str]:
     """One whole word masked in the middle line of each passage: that line, the truth and the top predictions."""
     import torch
 
-    tokenizer, model = _mlm(model_dir)
+    tokenizer, model = load_mlm(model_dir)
     out = []
     for passage in passages:
         lines = passage.split("\n")
@@ -280,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.tiny import prepare_tiny_data
 
     tokenizer = load_tokenizer("embedded")
-    train_tokens, held_back, counts = corpus_split(tokenizer)
+    train_tokens, held_back, counts = corpus_split(tokenizer, VALIDATION_EVERY)
     entropy = unigram_entropy(counts)
     _say(console, f"[1/5] packing the embedded corpus (all works but {held_back.title!r}, held back) → {out / 'data'}")
     from mlmclm.data.manifest import Manifest
