@@ -17,12 +17,15 @@ from pathlib import Path
 
 from mlmclm.eval.data_efficiency import CURVE_FILE
 from mlmclm.eval.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
+from mlmclm.eval.pretraining_runs import PretrainedModel, PretrainingInputError, load_pretraining
 from mlmclm.eval.protocol import RUNS_FOLDER, RunRecord
+from mlmclm.eval.seed_groups import has_seed_groups, seed_csv, seed_markdown, seed_table
 from mlmclm.eval.summary import family_results, task_results
 from mlmclm.eval.tasks import FAMILY_SHORT
 
 REPORT_FILE = "report.md"
 TABLE_MD, TABLE_CSV = "main_table.md", "main_table.csv"
+SEEDS_TABLE_MD, SEEDS_TABLE_CSV = "seeds_table.md", "seeds_table.csv"  # over pretraining seeds (seed_groups)
 # Fields a run JSON must carry (those of RunRecord without a default), and the type each must have.
 _REQUIRED = {"model": str, "task": str, "family": str, "main_metric": str, "learning_rate": (int, float),
              "seed": int, "validation": dict, "test": dict, "diverged": bool, "steps": int,
@@ -220,24 +223,32 @@ def _write(path: Path, text: str) -> None:
 def _check_output(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ReportInputError(f"--out {out} exists and is not a folder")
-    existing = [name for name in (REPORT_FILE, TABLE_MD, TABLE_CSV) if (out / name).exists()]
+    existing = [name for name in (REPORT_FILE, TABLE_MD, TABLE_CSV, SEEDS_TABLE_MD, SEEDS_TABLE_CSV)
+                if (out / name).exists()]
     if existing and not force:
         raise ReportInputError(f"{out} already holds a report ({', '.join(existing)}); pass --force to overwrite")
 
 
 def write_report(result_dirs: list[Path], out: Path, force: bool = False,
                  reference: tuple[ReferenceScore, ...] = PAPER_SCORES) -> Path:
-    """Validate the inputs, then write the table (Markdown + CSV), the figures that have data and `report.md`.
-    Nothing is written when an input is bad or `out` already holds a report (unless `force`)."""
+    """Validate the inputs, then write the table (Markdown + CSV), the figures that have data and `report.md`;
+    with models of several pretraining seeds (labels `<run>-s<seed>`, or a `pretraining.json`) also the table and
+    figures over pretraining seeds. Nothing is written when an input is bad or `out` already holds a report
+    (unless `force`)."""
     from mlmclm.eval import paper_figures  # matplotlib only when a report is actually written
 
     out = Path(out)
     _check_output(out, force)
     records = load_results(result_dirs)
     curves = load_curves(result_dirs)
+    try:
+        pretrained, baselines = load_pretraining(result_dirs)
+    except PretrainingInputError as err:
+        raise ReportInputError(str(err)) from err
     table = main_table(records, reference)
     out.mkdir(parents=True, exist_ok=True)
     figures = paper_figures.write_figures(records, curves, out)
+    seeds_section = _write_seed_outputs(records, pretrained, baselines, out)
     markdown = table_markdown(table)
     _write(out / TABLE_MD, markdown)
     _write(out / TABLE_CSV, table_csv(table))
@@ -252,6 +263,7 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
         lines += ["No distance from the paper: `mlmclm/eval/paper_reference.py` records no score of the paper for "
                   "these models and columns (see its docstring for why and how to add them), and no released "
                   "results were given (`--reference-encodeval`).", ""]
+    lines += seeds_section
     lines += ["## Figures", ""]
     for name, note in figures.items():
         lines.append(f"* `{name}`: {note}")
@@ -260,3 +272,31 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
     report = out / REPORT_FILE
     _write(report, "\n".join(lines) + "\n")
     return report
+
+
+def _write_seed_outputs(records: list[RunRecord], pretrained: list[PretrainedModel],
+                        baselines: dict[str, dict[str, float]], out: Path) -> list[str]:
+    """The table and figures over pretraining seeds when there is more than one seed or a pretraining.json (else
+    any stale ones are removed); returns report.md's section on them."""
+    from mlmclm.eval import seed_figures
+
+    if not pretrained and not has_seed_groups(r.model for r in records):
+        for name in (SEEDS_TABLE_MD, SEEDS_TABLE_CSV, seed_figures.SPLIT_PNG, seed_figures.CPT_PNG,
+                     seed_figures.CURVES_PNG):
+            (out / name).unlink(missing_ok=True)
+        return []
+    table = seed_table(records, pretrained)
+    markdown = seed_markdown(table)
+    _write(out / SEEDS_TABLE_MD, markdown)
+    _write(out / SEEDS_TABLE_CSV, seed_csv(table))
+    notes = seed_figures.write_seed_figures(pretrained, table, out)
+    lines = ["## Over pretraining seeds", "",
+             "Labels `<run>-s<seed>` are one run pretrained with different seeds: each column is the mean ± 95 % CI "
+             "(Student t) over those seeds of the per-seed value (a fine-tuning score: mean over fine-tuning seeds at "
+             "the LR chosen on validation; validation losses at the run's last step; fill-mask top-1 on held-back "
+             "passages). Losses in nats (lower is better), scores in percent.", "", markdown]
+    if baselines:
+        lines += ["Fill-mask baselines: " + "; ".join(f"{name} top-1 {100 * b['top1']:.1f} %, loss {b['loss']:.2f}"
+                                                      for name, b in sorted(baselines.items())) + ".", ""]
+    lines += [f"* `{name}`: {note}" for name, note in notes.items()] + [""]
+    return lines
