@@ -2,7 +2,13 @@
 `max_requeues` allows, then FAILED, and its own error is on the console of the launch (with the log it comes from)."""
 import json
 
+import pytest
+
 from slurm_helpers import job_fields, no_job_process_left, submitted_jobs
+
+# The first test to ask for `scenarios` runs every Slurm launch in its setup (slurm_scenarios.py): 8.5 min measured
+# on this 2-core machine at a load average near 30; the suite-wide 600 s per test would cut that off.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def test_a_raising_rank_is_not_requeued_without_end_and_its_error_is_on_the_console(scenarios, slurm_cluster):

@@ -3,8 +3,14 @@ waits for what it starts from through Slurm's afterok — the continued pretrain
 branch for the segment that writes its branch point — and starts from that checkpoint."""
 import json
 
+import pytest
+
 from cluster.slurm_jobs import job_logs
 from slurm_helpers import job_fields, no_job_process_left, submitted_jobs
+
+# The first test to ask for `scenarios` runs every Slurm launch in its setup (slurm_scenarios.py): 8.5 min measured
+# on this 2-core machine at a load average near 30; the suite-wide 600 s per test would cut that off.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def test_the_tiny_grid_waits_for_its_parents_on_slurm(scenarios, slurm_cluster, shared):
