@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTHON312 := $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2]==(3,12)' 2>/dev/null && command -v python3.12 || \
 	(command -v pyenv >/dev/null 2>&1 && v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | sort -V | tail -n1) && [ -n "$$v" ] && echo "$$(pyenv root)/versions/$$v/bin/python3.12"))
 
-.PHONY: setup test slurm-install demo gpu-check gpu-train-check gpu-check-smoke bench clean
+.PHONY: setup test slurm-install demo replicate-mini gpu-check gpu-train-check gpu-check-smoke bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: no Python 3.12 interpreter found (need python3.12 on PATH or a 3.12 version in pyenv: 'pyenv install 3.12')" >&2; exit 1; fi
@@ -36,6 +36,11 @@ slurm-install:
 
 demo: setup
 	$(PY) -m mlmclm.demo
+
+# The paper's design at CPU scale over 3 pretraining seeds (recipes/mini.py; ~30-45 min on 2 cores): runs under
+# runs/mini, table and figures in docs/mini_replication/. MINI_ARGS: e.g. --seeds 1 --force.
+replicate-mini: setup
+	$(PY) -m recipes grid mini $(MINI_ARGS)
 
 # One GPU, < 8 min: versions, bf16/FP8 tokens/s, MFU, memory, bf16-vs-fp32 losses. In the NGC image
 # (cluster/Dockerfile) mlmclm is installed into the image's Python next to Transformer Engine and apex: use that

@@ -6,6 +6,7 @@
     python -m recipes clm_mlm_610m nodes=4 clm_share=0.5 total_steps=22000 --executor slurm --dryrun
     python -m recipes clm_610m total_steps=31500 --then cpt_610m then.steps=10500 --executor slurm
     python -m recipes grid paper --plan          # the paper's 38 runs (= python -m recipes.sweep paper --plan)
+    python -m recipes grid mini                  # the mini-replication on CPU, end to end (recipes/mini.py)
 
 Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainConfig paths (`optimizer.lr=3e-4`);
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
@@ -44,6 +45,10 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     quiet.install()
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["grid", "mini"]:  # the mini-replication: the mini grid, then exports, evaluation and report
+        from recipes import mini
+
+        return mini.main(argv[2:])
     if argv[:1] == ["grid"]:  # `python -m recipes grid paper|tiny ...`: the paper's whole grid (recipes/sweep.py)
         from recipes import sweep
 

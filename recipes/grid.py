@@ -1,5 +1,6 @@
-"""The experiment grids as data: every pretraining run of the paper (38 models), and a scaled-down CPU grid with
-the same structure (from-scratch runs, a biphasic run, a CPT run that depends on a decayed parent).
+"""The experiment grids as data: every pretraining run of the paper (38 models), a scaled-down CPU grid with the
+same structure (from-scratch runs, a biphasic run, a CPT run that depends on a decayed parent), and the
+mini-replication's grid (the paper's design at CPU scale, per pretraining seed; recipes/mini.py runs it).
 
 A `GridRun` names a registered recipe and its parameters; `after` names the run whose final (decayed) checkpoint
 it continues, so the sweep launches it only when that run has finished; `branch_of` names the run whose stable-phase
@@ -85,13 +86,57 @@ def tiny_grid(steps: int = 4) -> list[GridRun]:
     ]
 
 
-GRIDS = {"paper": paper_grid, "tiny": tiny_grid}
+# The mini-replication's defaults (recipes/mini.py), sized on this project's 2-core machine: 400 steps of 8 × 128
+# tokens per run, CPT for a quarter of that, three pretraining seeds.
+MINI_STEPS, MINI_CPT_STEPS, MINI_SEEDS, MINI_SPLITS = 400, 100, (1, 2, 3), (0.25, 0.5, 0.75)
+# What the demo found to learn on 2 CPU cores (mlmclm/demo.py DEMO_OVERRIDES: peak LR 2e-3, micro batch 4), and
+# 32 held-out samples per validation (4 global batches) for steadier curves. The mask ratio stays the paper's 40 %.
+MINI_COMMON = {"lr": 2e-3, "micro_batch": 4, "validation_samples": 32}
 
 
-def get_grid(name: str) -> list[GridRun]:
+def seed_label(name: str, seed: int) -> str:
+    """A pretraining seed's run of `name`: the `-s<seed>` suffix the report groups by (mlmclm.eval.seed_groups)."""
+    return f"{name}-s{seed}"
+
+
+def mini_grid(steps: int = MINI_STEPS, cpt_steps: int = MINI_CPT_STEPS, seeds: tuple[int, ...] = MINI_SEEDS,
+              splits: tuple[float, ...] = MINI_SPLITS) -> list[GridRun]:
+    """The paper's design at CPU scale, once per pretraining seed: MLM-40 % and CLM from scratch for `steps`; CLM
+    then MLM at each CLM share of `splits`, branched off the CLM run's stable phase at its switch (every run of the
+    budget decays over its last fifth, as the paper's all decay over their last 2k steps); MLM continued for
+    `cpt_steps` from the decayed CLM and from the decayed MLM run. Names carry `-s<seed>`."""
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"mini grid: seeds must be distinct and at least one, got {seeds}")
+    decay = max(1, steps // 5)
+    runs: list[GridRun] = []
+    for seed in seeds:
+        common = {**MINI_COMMON, "seed": seed}
+        clm, mlm = seed_label(f"mini-clm-{steps}", seed), seed_label(f"mini-mlm40-{steps}", seed)
+        runs.append(GridRun(clm, "tiny_clm", {"steps": steps, **common}, experiment="CLM"))
+        runs.append(GridRun(mlm, "tiny_mlm", {"steps": steps, **common}, experiment="MLM"))
+        for share in splits:
+            switch = round(steps * share)
+            if not 0 < switch < steps - decay:
+                raise ValueError(f"mini grid: CLM share {share} switches at step {switch}, outside the CLM run's "
+                                 f"stable phase (steps 1..{steps - decay - 1} of {steps})")
+            runs.append(GridRun(seed_label(f"mini-clm-{switch}-mlm40-{steps}", seed), "tiny_clm_mlm",
+                                {"steps": steps, "clm_share": share, "decay_steps": decay, **common},
+                                experiment="biphasic split", branch_of=clm, branch_step=switch))
+        for parent, kind in ((clm, "clm"), (mlm, "mlm40")):
+            runs.append(GridRun(seed_label(f"mini-{kind}-dec{steps}-mlm40-{cpt_steps}", seed), "tiny_mlm",
+                                {"steps": cpt_steps, **common}, after=parent,
+                                experiment=f"continued pretraining from decayed {kind.upper()}"))
+    return runs
+
+
+GRIDS = {"paper": paper_grid, "tiny": tiny_grid, "mini": mini_grid}
+
+
+def get_grid(name: str, **options) -> list[GridRun]:
+    """The grid's runs, checked (unique names, parents first); `options` are the grid function's arguments."""
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; choose one of {sorted(GRIDS)}")
-    runs = GRIDS[name]()
+    runs = GRIDS[name](**options)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"grid {name}: duplicate run names")

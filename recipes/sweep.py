@@ -39,7 +39,7 @@ from recipes.tiny import TINY_RUN_ROOT
 
 DEFAULT_MFU = 0.40  # assumed model-FLOPs utilisation for the GPU-hours estimate (not measured)
 DEFAULT_PEAK = "H100"  # dense bf16 peak of this GPU (mlmclm/flops.py)
-RUN_ROOTS = {"paper": PAPER_RUN_ROOT, "tiny": f"{TINY_RUN_ROOT}/grid"}
+RUN_ROOTS = {"paper": PAPER_RUN_ROOT, "tiny": f"{TINY_RUN_ROOT}/grid", "mini": "runs/mini/runs"}
 
 
 @dataclass
@@ -114,11 +114,13 @@ def _flops_after(cfg, seq_length: int, phases: list[tuple[str, int]], start: int
 
 def build_plan(grid_name: str, *, params: dict | None = None,
                run_root: str | None = None, data_path: str | None = None, checkpoint_dir: str | None = None,
-               mfu: float = DEFAULT_MFU, peak: str = DEFAULT_PEAK) -> list[PlannedRun]:
-    """Every run of the grid, built and validated, with its cost and state."""
+               mfu: float = DEFAULT_MFU, peak: str = DEFAULT_PEAK,
+               grid_options: dict | None = None) -> list[PlannedRun]:
+    """Every run of the grid, built and validated, with its cost and state; `grid_options` are the grid
+    function's arguments (the mini grid's steps and seeds)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
-    entries = grids.get_grid(grid_name)
+    entries = grids.get_grid(grid_name, **(grid_options or {}))
     params = dict(params or {})
     unused = set(params) - {p for e in entries for p in registry.get(e.recipe).parameters()}
     if unused:
@@ -284,12 +286,13 @@ def plan_table(planned: list[PlannedRun], mfu: float, peak: str) -> str:
 
 
 def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: dict | None = None,
-                title: str = "sweep", dryrun: bool = False, detach: bool = False) -> run.Experiment:
+                title: str = "sweep", dryrun: bool = False, detach: bool = False,
+                base_dir: str | None = None) -> run.Experiment:
     """One experiment of `launch_jobs(runs)`: on Slurm each job depends (afterok) on the jobs it waits for and
     the others start together; locally the jobs go one after the other in that order (which has every job after
-    those it waits for)."""
+    those it waits for). `base_dir`: where NeMo-Run keeps the experiment (default: its home)."""
     slurm = executor_kind == "slurm"
-    with run.Experiment(title, log_level="WARN", skip_status_at_exit=slurm) as exp:
+    with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
         job_ids: dict[str, str] = {}
         for job in launch_jobs(runs):
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
