@@ -35,7 +35,7 @@ slurm-install:
 	python3 -m cluster.local_slurm install
 
 demo: setup
-	$(PY) -m mlmclm.demo
+	$(PY) -m recipes.demo
 
 # The paper's design at CPU scale over 3 pretraining seeds (recipes/mini.py; ~30-45 min on 2 cores): runs under
 # runs/mini, table and figures in docs/mini_replication/. MINI_ARGS: e.g. --seeds 1 --force.

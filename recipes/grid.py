@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recipes import paper
-from recipes.base import PAPER_DECAY_STEPS, SIZES
+from recipes.base import PAPER_DECAY_STEPS, PAPER_TOTAL_STEPS, SIZES
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,24 @@ def paper_grid() -> list[GridRun]:
     return runs
 
 
+def paper_catalogue() -> PaperGrid:
+    """What each paper-grid run name stands for (objective, size, budget, CLM steps, mask ratio) and the split x
+    budget study, for the paper report's figures (mlmclm/eval/paper_figures.py)."""
+    from mlmclm.eval.paper_figures import PaperGrid, PaperRun  # the report's types; launches need none of eval
+
+    runs = {}
+    for entry in paper_grid():
+        kind, _, size = entry.recipe.rpartition("_")
+        total = entry.params.get("total_steps", entry.params.get("steps", PAPER_TOTAL_STEPS))
+        objective = {"mlm": "MLM", "clm": "CLM", "clm_mlm": "biphasic", "cpt": "CPT"}[kind]
+        clm_steps = {"MLM": 0, "CLM": total, "CPT": 0}.get(objective) if objective != "biphasic" else \
+            paper.biphasic_clm_steps(total, entry.params.get("clm_steps"), entry.params.get("clm_share"))
+        runs[entry.name] = PaperRun(name=entry.name, objective=objective, size=size, total_steps=total,
+                                    clm_steps=clm_steps,
+                                    mask_ratio=None if objective == "CLM" else entry.params.get("mask_ratio", 0.4))
+    return PaperGrid(runs=runs, budgets=paper.BUDGETS, biphasic_clm_steps=dict(paper.BIPHASIC_CLM_STEPS))
+
+
 def tiny_grid(steps: int = 4) -> list[GridRun]:
     """The paper grid's shapes on CPU: CLM and MLM from scratch, a biphasic run branched off the CLM run, MLM
     continued from the decayed CLM run (a dependent task). Run directories and data come from the sweep's
@@ -89,7 +107,7 @@ def tiny_grid(steps: int = 4) -> list[GridRun]:
 # The mini-replication's defaults (recipes/mini.py), sized on this project's 2-core machine: 400 steps of 8 × 128
 # tokens per run, CPT for a quarter of that, three pretraining seeds.
 MINI_STEPS, MINI_CPT_STEPS, MINI_SEEDS, MINI_SPLITS = 400, 100, (1, 2, 3), (0.25, 0.5, 0.75)
-# What the demo found to learn on 2 CPU cores (mlmclm/demo.py DEMO_OVERRIDES: peak LR 2e-3, micro batch 4), and
+# What the demo found to learn on 2 CPU cores (recipes/demo.py DEMO_OVERRIDES: peak LR 2e-3, micro batch 4), and
 # 32 held-out samples per validation (4 global batches) for steadier curves. The mask ratio stays the paper's 40 %.
 MINI_COMMON = {"lr": 2e-3, "micro_batch": 4, "validation_samples": 32}
 

@@ -206,7 +206,7 @@ def pretrain(planned, work: Path, console) -> int:
     """Pack the corpus (held-back work out, every 8th work the validation split), then the sweep's local launch of
     every unfinished run; returns how many runs trained now."""
     from mlmclm.data.tokenizer import load_tokenizer
-    from mlmclm.demo import VALIDATION_EVERY
+    from recipes.demo import VALIDATION_EVERY
     from mlmclm.eval.fill_mask import corpus_split
     from recipes import launch, sweep
     from recipes.tiny import prepare_tiny_data
@@ -236,7 +236,7 @@ def export_all(planned, work: Path, console) -> dict[str, Path]:
     """Each run's final checkpoint as a Hugging Face EuroBERT (kept when already exported), and a random-initialised
     model of the same shape as the baseline."""
     from mlmclm.convert.to_hf import export_checkpoint
-    from mlmclm.demo import random_baseline
+    from recipes.demo import random_baseline
     from mlmclm.train.checkpoint import latest_checkpoint
 
     print(f"[3/5] exporting {len(planned)} final checkpoints to Hugging Face EuroBERT → {work / 'hf'}", file=console)
@@ -254,7 +254,7 @@ def measure(planned, exports: dict[str, Path], work: Path, args, console) -> dic
     from transformers import AutoTokenizer
 
     from mlmclm.data.tokenizer import load_tokenizer
-    from mlmclm.demo import HELD_BACK_PASSAGES, VALIDATION_EVERY
+    from recipes.demo import HELD_BACK_PASSAGES, VALIDATION_EVERY
     from mlmclm.eval.fill_mask import (corpus_split, fill_mask_scores, held_back_passages,
                                        unigram_fill_mask_scores)
     from mlmclm.eval.pretraining_runs import write_pretraining
@@ -281,7 +281,7 @@ def measure(planned, exports: dict[str, Path], work: Path, args, console) -> dic
 
 
 def evaluate(exports: dict[str, Path], work: Path, args, console) -> Path:
-    from mlmclm.demo import DEMO_SMOKE_TASKS
+    from recipes.demo import DEMO_SMOKE_TASKS
     from mlmclm.eval.smoke import SMOKE_MAX_STEPS, run_smoke_evaluation
 
     steps = args.smoke_steps or SMOKE_MAX_STEPS

@@ -9,7 +9,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 def test_demo_pipeline_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "mlmclm.demo", "--steps", "8", "--smoke-steps", "4",
+    proc = subprocess.run([sys.executable, "-m", "recipes.demo", "--steps", "8", "--smoke-steps", "4",
                            "--output", str(out)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -44,7 +44,7 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     assert (out / "plots.png").stat().st_size > 0
     assert "the demo's bar for using context" in console
     # Again: the finished run is reused, and the console says so instead of looking like a 30 s training run.
-    again = subprocess.run([sys.executable, "-m", "mlmclm.demo", "--steps", "8", "--skip-eval", "--output", str(out)],
+    again = subprocess.run([sys.executable, "-m", "recipes.demo", "--steps", "8", "--skip-eval", "--output", str(out)],
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"{out / 'run'}: already finished at step 8; nothing to train" in again.stdout
@@ -56,7 +56,7 @@ def test_unigram_fill_mask_baseline_scores_the_models_masked_tokens():
     from collections import Counter
 
     from mlmclm.data.tokenizer import load_tokenizer
-    from mlmclm.demo import masked_positions, unigram_fill_mask_scores
+    from recipes.demo import masked_positions, unigram_fill_mask_scores
 
     tokenizer = load_tokenizer("embedded")
     passages = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer"]

@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("mlmclm", "recipes", "cluster")
+PACKAGES = ("mlmclm", "recipes", "cluster", "tools", "benchmarks")
 ABOVE_THE_LIBRARY = ("recipes", "cluster", "tools", "benchmarks")
 
 
@@ -83,3 +83,10 @@ def test_no_import_circle_anywhere_in_the_project():
 def test_circles_are_found():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
+
+
+def test_the_library_imports_nothing_built_on_it():
+    upward = sorted(f"{module} -> {target}" for module, targets in _import_graph().items()
+                    if module.split(".")[0] == "mlmclm" for target in targets
+                    if target.split(".")[0] in ABOVE_THE_LIBRARY)
+    assert upward == []

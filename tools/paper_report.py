@@ -21,6 +21,7 @@ from pathlib import Path
 
 from mlmclm.eval.paper_reference import PAPER_SCORES
 from mlmclm.eval.paper_report import ReportInputError, released_reference, write_report
+from recipes.grid import paper_catalogue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         reference = PAPER_SCORES if args.reference_encodeval is None else released_reference(args.reference_encodeval)
-        report = write_report(args.results, args.out, force=args.force, reference=reference)
+        report = write_report(args.results, args.out, force=args.force, reference=reference,
+                              grid=paper_catalogue())
     except ReportInputError as err:
         print(f"paper_report: error: {err}", file=sys.stderr)
         return 2

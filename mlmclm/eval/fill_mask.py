@@ -1,5 +1,5 @@
 """Fill-mask scoring on held-back text, and what a tiny pretraining run measured on its validation split: shared by
-`make demo` (mlmclm/demo.py) and the mini-replication (recipes/mini.py).
+`make demo` (recipes/demo.py) and the mini-replication (recipes/mini.py).
 
 The held-back text is the embedded corpus's last work, which no training or validation split contains; every model
 (and a unigram baseline that knows only the training text's token frequencies) is scored on the same masked tokens.

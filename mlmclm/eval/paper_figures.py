@@ -1,12 +1,12 @@
 """The paper's figures from run records (PNG, matplotlib Agg): the biphasic split x budget figure, data-efficiency
 curves, and fine-tuning stability (one box per task). Model labels are the paper's run names; what a name means
-(objective, budget, CLM steps) is read from `recipes/grid.py`'s paper grid, never re-parsed here."""
+(objective, budget, CLM steps) comes from a `PaperGrid` the caller passes in (`recipes/grid.py: paper_catalogue`),
+never re-parsed here — the library does not import the recipes built on it."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlmclm.eval.protocol import RunRecord
@@ -29,44 +29,35 @@ class PaperRun:
     mask_ratio: float | None  # None for CLM
 
 
-@lru_cache(maxsize=1)
-def paper_runs() -> dict[str, PaperRun]:
-    """The paper grid's runs by name (recipes/grid.py; imported late: recipes pull in nemo_run)."""
-    from recipes import grid, paper
-    from recipes.base import PAPER_TOTAL_STEPS
+@dataclass(frozen=True)
+class PaperGrid:
+    """The paper's runs by name and its split x budget study: the budgets and, per budget, the CLM steps of its
+    biphasic splits (at `study_size`, MLM at `study_mask_ratio`). Empty: no label is a paper run."""
 
-    runs = {}
-    for run in grid.paper_grid():
-        kind, _, size = run.recipe.rpartition("_")
-        total = run.params.get("total_steps", run.params.get("steps", PAPER_TOTAL_STEPS))
-        objective = {"mlm": "MLM", "clm": "CLM", "clm_mlm": "biphasic", "cpt": "CPT"}[kind]
-        clm_steps = {"MLM": 0, "CLM": total, "CPT": 0}.get(objective) if objective != "biphasic" else \
-            paper.biphasic_clm_steps(total, run.params.get("clm_steps"), run.params.get("clm_share"))
-        runs[run.name] = PaperRun(name=run.name, objective=objective, size=size, total_steps=total,
-                                  clm_steps=clm_steps,
-                                  mask_ratio=None if objective == "CLM" else run.params.get("mask_ratio", 0.4))
-    return runs
+    runs: dict[str, PaperRun] = field(default_factory=dict)
+    budgets: tuple[int, ...] = ()
+    biphasic_clm_steps: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    study_size: str = "610m"
+    study_mask_ratio: float = 0.4
 
 
-def biphasic_point(name: str) -> tuple[int, float] | None:
+def biphasic_point(name: str, grid: PaperGrid) -> tuple[int, float] | None:
     """(budget, CLM share in %) when `name` is a run of the paper's split x budget study (610m, MLM at 40 %, CLM
     steps 0, the grid's biphasic splits, or all); None otherwise (other sizes, mask ratios, the 40k ablation, CPT)."""
-    from recipes import paper
-
-    run = paper_runs().get(name)
-    if run is None or run.size != "610m" or run.objective == "CPT" or run.total_steps not in paper.BUDGETS:
+    run = grid.runs.get(name)
+    if run is None or run.size != grid.study_size or run.objective == "CPT" or run.total_steps not in grid.budgets:
         return None
-    if run.objective != "CLM" and run.mask_ratio != 0.4:
+    if run.objective != "CLM" and run.mask_ratio != grid.study_mask_ratio:
         return None
-    if run.objective == "biphasic" and run.clm_steps not in paper.BIPHASIC_CLM_STEPS[run.total_steps]:
+    if run.objective == "biphasic" and run.clm_steps not in grid.biphasic_clm_steps.get(run.total_steps, ()):
         return None
     return run.total_steps, 100.0 * run.clm_steps / run.total_steps
 
 
-def checkpoint_of(label: str) -> tuple[PaperRun, int] | None:
+def checkpoint_of(label: str, grid: PaperGrid) -> tuple[PaperRun, int] | None:
     """(run, pretraining step) for `<run name>` (its final step) or `<run name>-<step>` (an intermediate
     checkpoint, as the released `610m-mlm40-42k-1000`); None for labels outside the paper grid and for CPT runs."""
-    runs = paper_runs()
+    runs = grid.runs
     base, _, suffix = label.rpartition("-")
     if label in runs:
         run, step = runs[label], runs[label].total_steps
@@ -112,11 +103,11 @@ def _ordered(families) -> list[str]:
     return [f for f in FAMILY_SHORT.values() if f in families]
 
 
-def biphasic_figure(records: list[RunRecord], path: Path) -> int:
+def biphasic_figure(records: list[RunRecord], path: Path, grid: PaperGrid) -> int:
     """x = CLM share of the steps (0..100 %), one line per budget, y = family score (± CI); returns the number of
     points drawn (0: nothing written)."""
     scores = _family_scores(records)
-    points = {m: biphasic_point(m) for m in scores}
+    points = {m: biphasic_point(m, grid) for m in scores}
     points = {m: p for m, p in points.items() if p is not None}
     if not points:
         return 0
@@ -143,18 +134,18 @@ def biphasic_figure(records: list[RunRecord], path: Path) -> int:
     return drawn
 
 
-def efficiency_series(records: list[RunRecord], curves: dict[str, list[dict]]):
+def efficiency_series(records: list[RunRecord], curves: dict[str, list[dict]], grid: PaperGrid):
     """(run label, objective) -> family -> [(step, score %)], from checkpoint-labelled records and curve.json files."""
     series: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for model, families in _family_scores(records).items():
-        found = checkpoint_of(model)
+        found = checkpoint_of(model, grid)
         if found is None:
             continue
         run, step = found
         for family, (mean, _) in families.items():
             series[(run.name, run.objective)][family].append((step, mean))
     for label, points in curves.items():
-        run = paper_runs().get(label)
+        run = grid.runs.get(label)
         key = (label, run.objective if run else "run")
         for point in points:
             for family, score in point["family_scores"].items():
@@ -163,10 +154,10 @@ def efficiency_series(records: list[RunRecord], curves: dict[str, list[dict]]):
     return {k: {f: sorted(v) for f, v in fams.items()} for k, fams in series.items()}
 
 
-def efficiency_figure(records: list[RunRecord], curves: dict[str, list[dict]], path: Path) -> int:
+def efficiency_figure(records: list[RunRecord], curves: dict[str, list[dict]], path: Path, grid: PaperGrid) -> int:
     """Score vs pretraining steps per family, one line per run coloured by objective (MLM / CLM / biphasic); drawn
     only when some run has checkpoints at two or more steps. Returns the number of lines drawn."""
-    series = {k: v for k, v in efficiency_series(records, curves).items()
+    series = {k: v for k, v in efficiency_series(records, curves, grid).items()
               if any(len({s for s, _ in points}) > 1 for points in v.values())}
     if not series:
         return 0
@@ -217,17 +208,20 @@ def stability_figure(records: list[RunRecord], path: Path) -> dict[str, list[str
     return boxed
 
 
-def write_figures(records: list[RunRecord], curves: dict[str, list[dict]], out: Path) -> dict[str, str]:
+def write_figures(records: list[RunRecord], curves: dict[str, list[dict]], out: Path,
+                  grid: PaperGrid | None = None) -> dict[str, str]:
     """Write every figure that has data under `out`; returns file name -> what it shows (or why it was skipped).
-    A figure not drawn this time is removed, so a forced rewrite never leaves a stale one beside the new table."""
+    A figure not drawn this time is removed, so a forced rewrite never leaves a stale one beside the new table.
+    Without `grid` no label is read as a paper run (no biphasic figure)."""
+    grid = grid or PaperGrid()
     for name in (BIPHASIC_PNG, EFFICIENCY_PNG):
         (out / name).unlink(missing_ok=True)
     notes = {}
-    drawn = biphasic_figure(records, out / BIPHASIC_PNG)
+    drawn = biphasic_figure(records, out / BIPHASIC_PNG, grid)
     notes[BIPHASIC_PNG] = (f"biphasic split × budget, {drawn} (model, family) points" if drawn else
                            "not drawn: no model is a run of the paper's split × budget study (610m, MLM 40 %, "
                            "budgets 12k/22k/42k; names as in recipes/grid.py)")
-    lines = efficiency_figure(records, curves, out / EFFICIENCY_PNG)
+    lines = efficiency_figure(records, curves, out / EFFICIENCY_PNG, grid)
     notes[EFFICIENCY_PNG] = (f"score vs pretraining steps, {lines} lines" if lines else
                              "not drawn: no run has checkpoints at two or more steps (labels `<run>-<step>` or "
                              "curve.json)")

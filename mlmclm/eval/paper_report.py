@@ -230,10 +230,11 @@ def _check_output(out: Path, force: bool) -> None:
 
 
 def write_report(result_dirs: list[Path], out: Path, force: bool = False,
-                 reference: tuple[ReferenceScore, ...] = PAPER_SCORES) -> Path:
+                 reference: tuple[ReferenceScore, ...] = PAPER_SCORES, grid=None) -> Path:
     """Validate the inputs, then write the table (Markdown + CSV), the figures that have data and `report.md`;
     with models of several pretraining seeds (labels `<run>-s<seed>`, or a `pretraining.json`) also the table and
-    figures over pretraining seeds. Nothing is written when an input is bad or `out` already holds a report
+    figures over pretraining seeds. `grid` (a `paper_figures.PaperGrid`, `recipes/grid.py: paper_catalogue()`) says
+    which labels are the paper's runs. Nothing is written when an input is bad or `out` already holds a report
     (unless `force`)."""
     from mlmclm.eval import paper_figures  # matplotlib only when a report is actually written
 
@@ -247,7 +248,7 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
         raise ReportInputError(str(err)) from err
     table = main_table(records, reference)
     out.mkdir(parents=True, exist_ok=True)
-    figures = paper_figures.write_figures(records, curves, out)
+    figures = paper_figures.write_figures(records, curves, out, grid)
     seeds_section = _write_seed_outputs(records, pretrained, baselines, out)
     markdown = table_markdown(table)
     _write(out / TABLE_MD, markdown)

@@ -14,6 +14,7 @@ from mlmclm.eval.paper_figures import biphasic_point, checkpoint_of, stability_f
 from mlmclm.eval.paper_reference import PAPER_SCORES, ReferenceScore, reference_lookup
 from mlmclm.eval.paper_report import ReportInputError, load_results, main_table, write_report
 from mlmclm.eval.protocol import RunRecord, run_path, write_json_atomic
+from recipes.grid import paper_catalogue
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (3 seeds)
@@ -110,15 +111,16 @@ def test_recorded_reference_is_consistent():
 
 
 def test_paper_names_come_from_the_grid():
-    assert biphasic_point("610m-clm-10k-mlm40-42k") == (42_000, pytest.approx(100 * 10 / 42))
-    assert biphasic_point("610m-mlm40-12k") == (12_000, 0.0)
-    assert biphasic_point("610m-clm-22k") == (22_000, 100.0)
+    grid = paper_catalogue()
+    assert biphasic_point("610m-clm-10k-mlm40-42k", grid) == (42_000, pytest.approx(100 * 10 / 42))
+    assert biphasic_point("610m-mlm40-12k", grid) == (12_000, 0.0)
+    assert biphasic_point("610m-clm-22k", grid) == (22_000, 100.0)
     for outside in ("610m-clm-40k-mlm40-42k", "610m-mlm20-42k", "210m-mlm40-42k", "610m-clm-dec42k-mlm40-44k",
                     "my-model"):
-        assert biphasic_point(outside) is None, outside
-    run, step = checkpoint_of("610m-mlm40-42k-1000")
+        assert biphasic_point(outside, grid) is None, outside
+    run, step = checkpoint_of("610m-mlm40-42k-1000", grid)
     assert (run.name, run.objective, step) == ("610m-mlm40-42k", "MLM", 1000)
-    assert checkpoint_of("610m-clm-42k")[1] == 42_000 and checkpoint_of("610m-mlm40-42k-x") is None
+    assert checkpoint_of("610m-clm-42k", grid)[1] == 42_000 and checkpoint_of("610m-mlm40-42k-x", grid) is None
 
 
 def test_figures_from_a_synthetic_paper_grid(tmp_path):
@@ -129,7 +131,7 @@ def test_figures_from_a_synthetic_paper_grid(tmp_path):
     for index, name in enumerate(names):
         write_model(root, name, tasks, base=0.4 + 0.02 * index)
     out = tmp_path / "report"
-    write_report([root], out)
+    write_report([root], out, grid=paper_catalogue())
     for name in ("biphasic.png", "data_efficiency.png", "stability.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
     report = (out / "report.md").read_text()
@@ -151,14 +153,14 @@ def test_data_efficiency_from_curve_json_and_skipped_without_checkpoints(tmp_pat
     root = tmp_path / "610m-clm-42k"
     write_model(root, "610m-clm-42k", {"sst2": "classification"})
     out = tmp_path / "no_curve"
-    write_report([root], out)
+    write_report([root], out, grid=paper_catalogue())
     assert not (out / "data_efficiency.png").exists()
     assert (out / "biphasic.png").exists()  # 610m-clm-42k is the 100 % CLM end of the 42k budget
     assert "not drawn: no run has checkpoints" in (out / "report.md").read_text()
     write_json_atomic(root / "curve.json", {"points": [
         {"iteration": step, "family_scores": {"classification": score}} for step, score in ((100, 0.5), (200, 0.6))]})
     out = tmp_path / "curve"
-    write_report([root], out)
+    write_report([root], out, grid=paper_catalogue())
     assert (out / "data_efficiency.png").read_bytes()[:8] == PNG_MAGIC
 
 

@@ -163,7 +163,7 @@ def plot(run_dir: Path, entropy: float, smoke: dict[str, dict[str, float]], targ
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlmclm.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m recipes.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="artifacts/demo", help="where data, run, exports and eval go")
     parser.add_argument("--steps", type=int, default=DEMO_STEPS)
