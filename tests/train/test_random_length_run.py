@@ -92,7 +92,7 @@ def test_tokens_are_the_samples_real_tokens_and_validation_is_logged(reference):
     assert validation(reference)[6]["val/mlm/loss"] < validation(reference)[2]["val/mlm/loss"]
     events = EventAccumulator(str(reference / "tensorboard"))
     events.Reload()
-    assert [e.step for e in events.Scalars("val/mlm/loss")] == VALIDATED
+    assert [e.step for e in events.Scalars("mlm/held_out_loss")] == VALIDATED
     final = reference / "checkpoints" / f"iter_{TOTAL:07d}"
     history = ckpt.read_json(final, ckpt.TRAIN_STATE)["validation"]
     assert [entry["step"] for entry in history] == VALIDATED
