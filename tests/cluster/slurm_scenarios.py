@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from cluster.slurm_jobs import job_state
-from slurm_helpers import REPO, SLURM_ARGS, job_fields, recipes_command, run_recipes, submitted_jobs, wait_until
+from slurm_helpers import (REPO, SLURM_ARGS, job_fields, recipes_command, run_recipes, submitted_jobs, wait_final,
+                           wait_until)
 
 # Long enough that the preempted run is still training when its time-limit warning comes (Slurm checks time limits
 # every 30 s: up to 30 s after the test shortens the limit).
@@ -119,7 +120,7 @@ def launch_all(env: dict, shared: Path, data: str) -> dict:
         out["exp_dir"] = next(line.split("logs under ", 1)[1] for line in submitted.stdout.splitlines()
                               if line.startswith("submitted: "))
         _preempt(job_id, dirs["preempted"], out["facts"])
-        out["final"] = wait_until(lambda: (s := job_state(job_id)).final and s, 600, f"job {job_id} finished")
+        out["final"] = wait_final(job_id)
         for name, proc in started.items():
             proc.wait(timeout=TIMEOUT_S)
             stdout, stderr = ((consoles / f"{name}{suffix}").read_text() for suffix in (".out", ".err"))
