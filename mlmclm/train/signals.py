@@ -12,18 +12,18 @@ the first save and kept for the run). Killed by the group signal, it takes the s
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import signal
+import sys
+import types
 
 import torch
 import torch.distributed as dist
 
 from mlmclm.parallel.runtime import current_device
+from mlmclm.train.shielded_helper import STOP_SIGNALS, shield_helper
 
 log = logging.getLogger(__name__)
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:
@@ -64,18 +64,6 @@ def stop_signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _shield_helper() -> None:
-    """Runs first in the helper process (a fresh interpreter: spawning does not keep the parent's signal mask):
-    ignore the stop signals — process-wide, since threads the imports started would take a merely blocked one —
-    and exit when the worker that started it dies, even by SIGKILL (Linux)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the helper still exits at the worker's normal exit
-        pass
-
-
 def start_checkpoint_writer_helper() -> None:
     """Create megatron's write-results queue ourselves, in a helper shielded as the module docstring says.
 
@@ -96,8 +84,22 @@ def start_checkpoint_writer_helper() -> None:
     from multiprocessing.managers import SyncManager
 
     _writer_manager = SyncManager(ctx=mp.get_context("spawn"))  # what megatron would start, plus the shield
-    _writer_manager.start(initializer=_shield_helper)
+    with _main_module_hidden():
+        _writer_manager.start(initializer=shield_helper)
     filesystem_async._results_queue = _writer_manager.Queue()
 
 
 _writer_manager = None  # kept referenced for the life of the process
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """A spawned child first re-imports the parent's `__main__` module (for `python -m nemo_run...fdl_runner`, all of
+    NeMo-Run: ~8 s of CPU per rank, measured) so that pickled functions defined there resolve. The helper needs
+    nothing from it, so the start sees an empty `__main__`, which spawn does not re-import."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
