@@ -18,11 +18,6 @@ def recipes_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "recipes", *args]
 
 
-def run_recipes(env: dict, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(recipes_command(*args), env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
 def submitted_jobs(console: str) -> dict[str, str]:
     """task name → Slurm job id, from the launch's `submitted: NAME = Slurm job ID, ...` line."""
     line = next(line for line in console.splitlines() if line.startswith("submitted: "))

@@ -2,11 +2,15 @@
 a time-limit check, a requeue, a dependency — so the scenarios overlap their waits) and followed to their end before
 any test looks at them; each test then asserts on its own scenario.
 
-- training: one tiny CLM→MLM config three times — on the local executor, uninterrupted on two Slurm nodes, and on
-  two nodes preempted twice as Slurm delivers it (its time limit with the recipe's `--signal=USR1@N` lead, then
-  `scancel --signal=USR1`) and requeued;
+- training: one tiny CLM→MLM config twice — uninterrupted on the local executor (the reference), and on two Slurm
+  nodes, preempted twice as Slurm delivers it (its time limit with the recipe's `--signal=USR1@N` lead, then
+  `scancel --signal=USR1`) and requeued, launched as a user would and followed on its console to the end;
 - failure: a run whose every rank raises at start, requeued at most `max_requeues` times;
-- sweep: the tiny grid, whose continued-pretraining and branch jobs wait for their parents through afterok.
+- sweep: the tiny grid at one rank a job, whose continued-pretraining and branch jobs wait for their parents through
+  afterok.
+
+The suite has 2 cores for all of it, so every launch that a test does not need costs every other one time: the
+two-node run is the preempted one (each of its three starts a rendezvous across the nodes), not a fourth job.
 """
 import json
 import math
@@ -15,8 +19,7 @@ import time
 from pathlib import Path
 
 from cluster.slurm_jobs import job_state
-from slurm_helpers import (REPO, SLURM_ARGS, job_fields, recipes_command, run_recipes, submitted_jobs, wait_final,
-                           wait_until)
+from slurm_helpers import REPO, SLURM_ARGS, job_fields, recipes_command, submitted_jobs, wait_final, wait_until
 
 # Long enough that the preempted run is still training when its time-limit warning comes (Slurm checks time limits
 # every 30 s: up to 30 s after the test shortens the limit).
@@ -91,7 +94,7 @@ def _preempt(job_id: str, run_dir: Path, facts: dict) -> None:
 
 def launch_all(env: dict, shared: Path, data: str) -> dict:
     """Start every scenario, drive the preemptions, wait for all of them; what each test asserts on."""
-    dirs = {name: shared / f"train-{name}" for name in ("local", "two_nodes", "preempted")}
+    dirs = {name: shared / f"train-{name}" for name in ("local", "preempted")}
     out = {"dirs": dirs, "facts": {}, "grid_root": shared / "grid", "broken_data": shared / "broken_data",
            "failing_run": shared / "failing_run"}
     out["broken_data"].mkdir()
@@ -102,23 +105,24 @@ def launch_all(env: dict, shared: Path, data: str) -> dict:
     consoles.mkdir()
     launches = {
         "local": [*common, "processes=2", f"run_dir={dirs['local']}", "executor.gpus=false"],
-        # two two-node jobs share the host: their torchrun rendezvous need distinct ports
-        "two_nodes": [*slurm, f"run_dir={dirs['two_nodes']}", "executor.rdzv_port=29611"],
+        "preempted": [*slurm, f"run_dir={dirs['preempted']}", "executor.time=00:10:00",
+                      f"executor.preemption_notice_s={NOTICE_S}"],
         "failure": ["tiny_clm_mlm", "steps=4", "processes=1", f"data_path={out['broken_data']}",
                     f"run_dir={out['failing_run']}", *SLURM_ARGS, "executor.cpus_per_task=1",
                     "executor.max_requeues=1"],
-        "sweep": ["grid", "tiny", "--run-root", str(out["grid_root"]), "--data-path", data, *SLURM_ARGS,
-                  "executor.cpus_per_task=2"],
+        "sweep": ["grid", "tiny", "--run-root", str(out["grid_root"]), "--data-path", data, "processes=1",
+                  *SLURM_ARGS, "executor.cpus_per_task=1"],
     }
+    env = {**env, "PYTHONUNBUFFERED": "1"}  # the preempted launch's console is read while it runs
     started = {name: _start(env, consoles / name, *args) for name, args in launches.items()}
     try:
-        submitted = run_recipes(env, *slurm, f"run_dir={dirs['preempted']}", "executor.rdzv_port=29622",
-                                "executor.time=00:10:00", f"executor.preemption_notice_s={NOTICE_S}", "--detach")
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        (job_id,) = submitted_jobs(submitted.stdout).values()
+        console = consoles / "preempted.out"
+        submitted = wait_until(lambda: next((line for line in console.read_text().splitlines()
+                                             if line.startswith("submitted: ")), None), 300,
+                               "the preempted run is submitted")
+        (job_id,) = submitted_jobs(submitted).values()
         out["job_id"] = job_id
-        out["exp_dir"] = next(line.split("logs under ", 1)[1] for line in submitted.stdout.splitlines()
-                              if line.startswith("submitted: "))
+        out["exp_dir"] = submitted.split("logs under ", 1)[1]
         _preempt(job_id, dirs["preempted"], out["facts"])
         out["final"] = wait_final(job_id)
         for name, proc in started.items():

@@ -8,8 +8,8 @@ import pytest
 from cluster.slurm_jobs import job_logs
 from slurm_helpers import job_fields, no_job_process_left, submitted_jobs
 
-# The first test to ask for `scenarios` runs every Slurm launch in its setup (slurm_scenarios.py): 8.5 min measured
-# on this 2-core machine at a load average near 30; the suite-wide 600 s per test would cut that off.
+# The first test to ask for `scenarios` runs every Slurm launch in its setup (slurm_scenarios.py): 5 min measured
+# on this otherwise idle 2-core machine; under load it takes longer, and the suite-wide 600 s per test could cut it off.
 pytestmark = pytest.mark.timeout(1800)
 
 
