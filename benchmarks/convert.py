@@ -25,7 +25,6 @@ from pathlib import Path
 def _make_checkpoint(shape: str, iter_dir: str) -> None:
     """Spawned on 1 rank: a random model of `shape`, saved as a model-only dist checkpoint."""
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
     from mlmclm.model import build_model, preset
     from mlmclm.model.precision import PrecisionConfig
@@ -36,7 +35,7 @@ def _make_checkpoint(shape: str, iter_dir: str) -> None:
     try:
         model = preset(shape)
         chunks = build_model(model, ParallelConfig(), PrecisionConfig(dtype="fp32"), use_te=False)
-        dist_checkpointing.save(ckpt._model_sharded_state_dict(chunks), iter_dir)
+        ckpt.save_sharded(ckpt.model_sharded_state_dict(chunks), iter_dir)
         dist.barrier()
         run_config = {"model": model.to_dict(), "data": {"tokenizer": "embedded"}, "run_dir": "benchmark",
                       "phases": [{"name": "mlm", "objective": {"kind": "mlm"}, "steps": 1}], "total_steps": 1}

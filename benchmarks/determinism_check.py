@@ -7,9 +7,8 @@ uses. Four process launches, one run each: reference A, reference B (its own pro
 kernels anew, as a second job would), run C stopped after `stop_after` steps by SIGUSR1 sent from inside that step
 (the preemption path: the flag is agreed at the step's read, C saves and exits), and C resumed in a fresh process.
 `gpu_check.py` runs this after its speed table; CPU (`--smoke`) runs it with a tiny shape. The runs are forked from
-a fork server that imported the trainer once (a spawned interpreter per run paid ~8 s of imports, twice with the
-checkpoint writer's helper; forking the caller itself hung after its own training on CPU, and cannot be done once
-CUDA is up), and share the caller's checkpoint-writer helper.
+a fork server that imported the trainer once (a spawned interpreter per run paid ~8 s of imports; forking the caller
+itself hung after its own training on CPU, and cannot be done once CUDA is up).
 """
 from __future__ import annotations
 
@@ -73,11 +72,8 @@ def _train(cfg_dict: dict, stop_after: int | None) -> None:
     pt.pretrain(TrainConfig.from_dict(cfg_dict))
 
 
-def _in_new_process(cfg_dict: dict, stop_after: int | None, port: int, writer_queue) -> None:
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
+def _in_new_process(cfg_dict: dict, stop_after: int | None, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    filesystem_async._results_queue = writer_queue  # the caller's shielded helper (signals.py), not a new one
     _train(cfg_dict, stop_after)
 
 
@@ -96,14 +92,9 @@ def _context():
 
 def launch(cfg_dict: dict, stop_after: int | None) -> None:
     """One run in one new process, forked from the fork server."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
     from mlmclm.parallel.ports import free_port
-    from mlmclm.train.signals import start_checkpoint_writer_helper
 
-    start_checkpoint_writer_helper()  # once, here: a helper per run would cost a spawned interpreter each
-    process = _context().Process(target=_in_new_process,
-                                 args=(cfg_dict, stop_after, free_port(), filesystem_async._results_queue))
+    process = _context().Process(target=_in_new_process, args=(cfg_dict, stop_after, free_port()))
     process.start()
     process.join()
     if process.exitcode != 0:

@@ -26,7 +26,7 @@ def _cmdline(proc) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def no_process_outlives_its_test():
-    """Every process a test starts (ranks, torchrun agents, checkpoint-writer helpers) ends with the test, pass or
+    """Every process a test starts (ranks, torchrun agents, their children) ends with the test, pass or
     fail: leftovers are killed, and reported as the test's error."""
     yield
     leftovers = _leftovers()

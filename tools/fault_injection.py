@@ -76,7 +76,7 @@ def _kill(agent: subprocess.Popen, rng: random.Random) -> str:
 
 def _reap(agent: subprocess.Popen, config: Path) -> None:
     """What Slurm does at the end of a step: nothing the launch started survives it. A rank orphaned by a killed
-    agent is found by its command line (checkpoint-writer helpers die with their rank)."""
+    agent is found by its command line."""
     import psutil
 
     agent.wait()

@@ -133,7 +133,6 @@ class _Getter:
 def _write_worker(source_dir: str, model_dict: dict, parallel_dict: dict, dtype: str, tied: bool, iter_dir: str,
                   progress: bool) -> None:
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
     from mlmclm.convert.hf_source import HFWeights
     from mlmclm.model import build_model
@@ -148,7 +147,7 @@ def _write_worker(source_dir: str, model_dict: dict, parallel_dict: dict, dtype:
         rank0 = dist.get_rank() == 0
         load_streaming(chunks, _Getter(HFWeights(Path(source_dir))), model, tied, progress and rank0)
         # The same sharded state dict training saves (model part), so load_weights/init_from read it at any layout.
-        dist_checkpointing.save(ckpt.model_sharded_state_dict(chunks), iter_dir)
+        ckpt.save_sharded(ckpt.model_sharded_state_dict(chunks), iter_dir)
         dist.barrier()
     finally:
         destroy_parallel()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import shutil
 from pathlib import Path
 
@@ -119,6 +120,23 @@ def _write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+def save_sharded(sharded: dict, directory: str | Path) -> None:
+    """`dist_checkpointing.save`, its write results kept in this process.
+
+    megatron-core 0.19 writes a synchronous save with threads of the calling process and hands their results back
+    through `filesystem_async._results_queue`, which it creates at the first save as `Manager().Queue()`: a spawned
+    process per rank, alive for the rest of the run, that imports torch when the first results arrive (about 4 s of
+    CPU and 800 MB resident per rank, measured on CPU) and sits in the rank's process group, where torchrun's
+    forwarded SIGTERM/SIGUSR1 killed it and the save with it. Every save here is synchronous (there is no async
+    save), so a thread-safe in-process queue is all the writer needs. Should a megatron version write from other
+    processes, the save fails ("results_queue should not be empty"); it cannot lose results silently."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(getattr(filesystem_async, "_results_queue", None), queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
+    dist_checkpointing.save(sharded, str(directory))
+
+
 def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler, train_state: dict,
                     run_config: dict, keep_last: int | None = None, keep: bool = False) -> Path:
     """Save on every rank; publish atomically. `keep` marks a checkpoint pruning never removes (phase ends)."""
@@ -133,7 +151,7 @@ def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler
     dist.barrier()
     sharded = model_sharded_state_dict(ddp_chunks)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=False, metadata=_SHARDING)
-    dist_checkpointing.save(sharded, str(staging))
+    save_sharded(sharded, staging)
     (staging / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), staging / "rng" / f"{_rank_tag()}.pt")
     dist.barrier()

@@ -25,7 +25,7 @@ from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
-from mlmclm.train.signals import StopRequest, start_checkpoint_writer_helper, stop_signals_blocked
+from mlmclm.train.signals import StopRequest, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
 from mlmclm.train.validation import Validator, validation_path
 
@@ -124,7 +124,6 @@ def pretrain(cfg: TrainConfig) -> RunResult:
     lock, run = None, None
     try:
         lock = _take_run_lock(cfg, state.rank == 0)
-        start_checkpoint_writer_helper()
         run = _Run(cfg, state, lock)
         return run.run()
     except Exception as err:

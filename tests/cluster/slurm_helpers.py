@@ -44,7 +44,7 @@ def wait_final(job_id: str, timeout: float = 600):
 
 
 def no_job_process_left(cluster: LocalSlurm, timeout: float = 20) -> None:
-    """Every process of the cluster's jobs (slurmstepd, agents, ranks, checkpoint helpers) is gone."""
+    """Every process of the cluster's jobs (slurmstepd, agents, ranks, anything they started) is gone."""
     deadline = time.monotonic() + timeout
     while cluster.job_processes() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -1,7 +1,7 @@
 """Training on the real scheduler through `python -m recipes ... --executor slurm` (slurm_scenarios.py): one config
 uninterrupted on the local executor, and on two Slurm nodes preempted twice as Slurm delivers it — by its time
 limit with the recipe's `--signal=USR1@N` lead, then by `scancel --signal=USR1` (every process of the step gets
-USR1: the torchrun agents, the ranks, the checkpoint helpers) — and requeued. The two-node run is the preempted one
+USR1: the torchrun agents and the ranks) — and requeued. The two-node run is the preempted one
 (a separate uninterrupted two-node job would cost the 2-core suite a minute); if only the first test fails, look at
 the rendezvous, if both, at the resume (tests/train/test_preemption.py checks that on one node).
 """
@@ -42,8 +42,8 @@ def test_preempted_by_time_limit_and_scancel_usr1_saves_requeues_and_resumes_exa
     assert first["step"] < second["step"] < STEPS
     assert first["detail"].endswith(f"iter_{first['step']:07d}") and second["detail"].endswith(
         f"iter_{second['step']:07d}")
-    # every process of the step saved or ignored USR1: the ranks all exited 75 after the save (a rank, agent or
-    # checkpoint helper killed by it would turn the exit into a failure), and the job requeued itself as preempted
+    # every process of the step saved or ignored USR1: the ranks all exited 75 after the save (a rank or agent
+    # killed by it would turn the exit into a failure), and the job requeued itself as preempted
     logs = {p.name: p.read_text(errors="replace")
             for p in sorted((REPO / scenarios["exp_dir"]).rglob(f"*_{job_id}*.out"))}
     starts = [logs[name] for name in sorted(n for n in logs if n.startswith("log-"))]

@@ -1,7 +1,9 @@
 """Preemption as clusters deliver it: a signal to the torchrun *agent*, which forwards it to each rank's process
-group (where megatron's checkpoint-writer helper also lives). Real torchrun, real signals, 2 CPU ranks.
+group. Real torchrun, real signals, 2 CPU ranks.
 
-One run is interrupted twice and finished, then compared with an uninterrupted one:
+One run is interrupted twice and finished, then compared with an uninterrupted one. A rank starts no process of its
+own, saves included (megatron's checkpoint writer once started a helper there, which the forwarded signal killed
+with the save in it: `checkpoint.save_sharded`).
 1. plain `torchrun` (what NeMo-Run starts) with the Slurm executor's settings, SIGUSR1 to the agent: the ranks save
    and stop, the checkpoint is published, `run_status.json` says preempted;
 2. `python -m mlmclm.parallel.torchrun`, SIGTERM to the agent: the same, and the exit code is 75;
@@ -29,7 +31,7 @@ def _config_file(tmp_path: Path, run_dir: Path, data: Path) -> Path:
     cfg = sc.config(run_dir, data, tp=1, total_steps=TOTAL,
                     phases=[{"objective": {"kind": "clm"}, "steps": SWITCH},
                             {"objective": {"kind": "mlm", "mask_ratio": 0.3}, "steps": TOTAL - SWITCH}],
-                    checkpoint={"save_interval": 2}, logging={"log_interval": 1})  # a save (and its helper) precedes each signal
+                    checkpoint={"save_interval": 2}, logging={"log_interval": 1})  # a save precedes each signal
     path = tmp_path / f"{run_dir.name}.json"
     path.write_text(json.dumps(cfg))
     return path
@@ -58,12 +60,16 @@ def _interrupt(agent: subprocess.Popen, run_dir: Path, after_step: int, sig: int
         assert time.time() < deadline, "no progress"
         time.sleep(0.05)
     started = psutil.Process(agent.pid).children(recursive=True)
+    ranks = {p.pid for p in psutil.Process(agent.pid).children()}
+    assert len(ranks) == 2, started
+    # checked after a save (one every 2 steps): no helper process of a rank, which the signal would reach too
+    assert not [p for p in started if p.pid not in ranks], [p.cmdline()[:4] for p in started if p.pid not in ranks]
     agent.send_signal(sig)
     return agent.wait(timeout=240), started
 
 
 def _assert_all_gone(processes: list) -> None:
-    time.sleep(1.0)  # a helper that dies with its parent needs a moment
+    time.sleep(1.0)  # an exiting process needs a moment
     alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {[(p.pid, p.cmdline()[:4]) for p in alive]}"
 
