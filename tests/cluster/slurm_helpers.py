@@ -18,10 +18,14 @@ def recipes_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "recipes", *args]
 
 
+def submitted_line(console: str) -> str | None:
+    """The launch's `submitted: NAME = Slurm job ID, ..., logs under DIR` line, once it has printed it."""
+    return next((line for line in console.splitlines() if line.startswith("submitted: ")), None)
+
+
 def submitted_jobs(console: str) -> dict[str, str]:
-    """task name → Slurm job id, from the launch's `submitted: NAME = Slurm job ID, ...` line."""
-    line = next(line for line in console.splitlines() if line.startswith("submitted: "))
-    return dict(re.findall(r"([\w.-]+) = Slurm job (\d+)", line))
+    """task name → Slurm job id, from the launch's submitted line."""
+    return dict(re.findall(r"([\w.-]+) = Slurm job (\d+)", submitted_line(console)))
 
 
 def job_fields(job_id: str) -> dict[str, str]:

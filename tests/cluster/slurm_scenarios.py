@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from cluster.slurm_jobs import job_state
-from slurm_helpers import REPO, SLURM_ARGS, job_fields, recipes_command, submitted_jobs, wait_final, wait_until
+from slurm_helpers import (REPO, SLURM_ARGS, job_fields, recipes_command, submitted_jobs, submitted_line,
+                           wait_final, wait_until)
 
 # Long enough that the preempted run is still training when its time-limit warning comes (Slurm checks time limits
 # every 30 s: up to 30 s after the test shortens the limit).
@@ -117,9 +118,7 @@ def launch_all(env: dict, shared: Path, data: str) -> dict:
     started = {name: _start(env, consoles / name, *args) for name, args in launches.items()}
     try:
         console = consoles / "preempted.out"
-        submitted = wait_until(lambda: next((line for line in console.read_text().splitlines()
-                                             if line.startswith("submitted: ")), None), 300,
-                               "the preempted run is submitted")
+        submitted = wait_until(lambda: submitted_line(console.read_text()), 300, "the preempted run is submitted")
         (job_id,) = submitted_jobs(submitted).values()
         out["job_id"] = job_id
         out["exp_dir"] = submitted.split("logs under ", 1)[1]

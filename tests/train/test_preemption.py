@@ -60,10 +60,11 @@ def _interrupt(agent: subprocess.Popen, run_dir: Path, after_step: int, sig: int
         assert time.time() < deadline, "no progress"
         time.sleep(0.05)
     started = psutil.Process(agent.pid).children(recursive=True)
-    ranks = {p.pid for p in psutil.Process(agent.pid).children()}
+    ranks = [p for p in started if p.ppid() == agent.pid]
     assert len(ranks) == 2, started
     # checked after a save (one every 2 steps): no helper process of a rank, which the signal would reach too
-    assert not [p for p in started if p.pid not in ranks], [p.cmdline()[:4] for p in started if p.pid not in ranks]
+    helpers = [p for p in started if p not in ranks]
+    assert not helpers, [p.cmdline()[:4] for p in helpers]
     agent.send_signal(sig)
     return agent.wait(timeout=240), started
 
