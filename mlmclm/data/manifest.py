@@ -9,11 +9,17 @@ Versions: v1 (int32 tokens only) is still read; v2 adds uint16 tokens and the pa
 a partitioned preparation) records `partition` (index, count, docs per group) and `tails` (its groups' unpacked
 last rows, see `mlmclm.data.partition`); a merged manifest lists `parts` and names shards by relative path.
 `validation` (optional) points to the held-out split, a dataset of its own.
+
+Every name a manifest contributes to a location (a shard's `name`, `parts`, `validation.path`, `tails.name`) is
+spliced into the dataset's location: for a `pipe:` dataset into a shell command every rank runs, for http(s) into a
+URL. A manifest is a file from others, so `load` refuses any such name that is not a plain relative path inside the
+dataset (see `check_relative_name`) before a shard is opened or a command runs.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +27,26 @@ from pathlib import Path
 MANIFEST_NAME = "manifest.json"
 FORMAT = "mlmclm-packed-v2"
 READABLE_FORMATS = ("mlmclm-packed-v1", FORMAT)
+# One component of a name our tools write (shard-000000.tar, part-00000-of-00004, tails.npz, manifest.json): a
+# character set with no meaning to a shell (no space, quote, $, ;, |, &, <, >, `, *, ?, ~, newline) or in a URL
+# (no %, ?, #, @, :), never empty, never starting with "." (so never "." or "..") or "-" (an option to a command).
+NAME_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+
+
+def check_relative_name(value, where: str) -> str:
+    """`value` if it is a relative path of plain components (`NAME_COMPONENT`, joined by "/"), else a ValueError
+    naming `where` (the manifest and the field) and the value. Such a name stays inside the dataset's directory,
+    and substituted into a shell command or a URL it stays one word of the same command, one path of the same URL."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {value!r} is not a file name")
+    bad = [part for part in value.split("/") if not NAME_COMPONENT.fullmatch(part)]
+    if bad:
+        why = ("an absolute path" if value.startswith("/") else "'..' leaves the dataset" if ".." in bad
+               else f"{bad[0]!r} is not a plain name (letters, digits, '.', '_', '-'; not starting with '.' or '-')")
+        raise ValueError(f"{where}: refusing {value!r}: {why}. A manifest may only name files inside its dataset, "
+                         "as prepare_data writes them (shard-000000.tar, part-00000-of-00002/shard-000000.tar, "
+                         "validation/manifest.json)")
+    return value
 
 
 @dataclass
@@ -95,10 +121,31 @@ class Manifest:
         except TypeError as err:
             raise ValueError(f"{location}: malformed manifest ({err})") from err
         manifest.location = location
+        manifest.check_names()
         return manifest
 
+    def check_names(self) -> None:
+        """Every name this manifest adds to a location passes `check_relative_name` (ValueError otherwise)."""
+        where = self.location or "manifest"
+        for i, shard in enumerate(self.shards):
+            check_relative_name(shard.name, f"{where}: shards[{i}].name")
+        for i, part in enumerate(self.parts):
+            check_relative_name(part, f"{where}: parts[{i}]")
+        for field_name, record, key in (("validation", self.validation, "path"), ("tails", self.tails, "name")):
+            if record is None:
+                continue
+            if not isinstance(record, dict) or key not in record:
+                raise ValueError(f"{where}: {field_name} must be an object with a {key!r}, found {record!r}")
+            value = record[key]
+            if field_name == "validation" and self.partition is not None and isinstance(value, str):
+                # A part's split lies beside the part, in OUT/validation/<part>/ (prepare's layout): one level up.
+                value = value[3:] if value.startswith("../validation/") else value
+            check_relative_name(value, f"{where}: {field_name}.{key}")
+
     def shard_url(self, name: str) -> str:
-        """Shards live next to the manifest: replace the manifest's file name in its location (works for pipes)."""
+        """Shards live next to the manifest: replace the manifest's file name in its location (works for pipes).
+        `name` must pass `check_relative_name`, so it cannot turn the location into another command or URL."""
+        check_relative_name(name, f"{self.location or 'manifest'}: location of {name!r}")
         head, sep, tail = self.location.rpartition(MANIFEST_NAME)
         if not sep:
             raise ValueError(f"cannot locate shards relative to {self.location!r} (it does not name {MANIFEST_NAME})")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, check_relative_name
 from mlmclm.data.packing import Packer   # the packing a single run uses for its tails
 from mlmclm.data.shards import ShardError, read_shard_starts, token_checksum, write_shard
 from mlmclm.data.tokenizer import check_same_tokenizer
@@ -95,6 +95,14 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
             raise MergeError(f"part {part_dir}: not a partition (prepared without --num-partitions)")
         manifests.append(m)
     manifests.sort(key=lambda m: m.partition["index"])
+    for m in manifests:   # the merged manifest names them relative to `out`: Manifest.load must accept those names
+        part_dir = Path(m.location).parent
+        try:
+            check_relative_name(os.path.relpath(part_dir, out), f"part {part_dir}")
+        except ValueError as err:
+            raise MergeError(f"{err}. The merged manifest names each part relative to {out}, so a part must lie "
+                             f"under it, in a folder of plain name (as --output {out} --partition I lays them out)"
+                             ) from err
     first = manifests[0]
     count = first.partition["count"]
     for m in manifests:
