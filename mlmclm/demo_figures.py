@@ -1,9 +1,10 @@
 """The README's demo figures, written from what `make demo` measured, and a check that they still are.
 
-`make demo` writes `artifacts/demo/figures.json`. The README's "First hour" paragraph between the markers below is
-`render(figures)`: nothing in it is typed by hand, and every comparison in it ("ahead of", "level with") is made here
-from the numbers. CI runs the demo, then `python -m mlmclm.demo_figures check`: a README whose block differs from the
-run fails, so a change that moves the demo's numbers must come with the README that says them.
+`make demo` writes `artifacts/demo/figures.json`. The README's demo paragraph (under "Two commands"), between the
+markers below, is `render(figures)`: nothing in it is typed by hand, and every comparison in it ("ahead of",
+"level with") is made here from the numbers. CI runs the demo, then `python -m mlmclm.demo_figures check`: a README
+whose block differs from the run fails, so a change that moves the demo's numbers must come with the README that says
+them.
 
     python -m mlmclm.demo_figures write   # after `make demo`: put the run's figures into README.md
     python -m mlmclm.demo_figures check   # fail (exit 1, with a diff) when README.md says other numbers

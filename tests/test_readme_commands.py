@@ -1,5 +1,6 @@
-"""The cheap commands of the README and docs (--help, --list, --plan, dry-runs) run exactly as written, in a fresh
-shell with the project's environment active (the README's one convention) and nothing else set.
+"""The cheap commands of the README and docs/ (--help, --list, --plan, dry-runs) run exactly as written, in a fresh
+shell with the project's environment active (the README's one convention) and nothing else set; every relative link
+of the README and docs/ leads to a file (and heading) that exists; the README stays a five-minute read.
 
 Each command runs with the `export` lines written before it in its code block, from the repository root, with an
 empty HOME (NeMo-Run writes its experiments there). cluster/README.md is left out: its examples name a site's
@@ -53,3 +54,37 @@ def test_a_documented_command_runs_as_written(where, exports, command, tmp_path)
     proc = subprocess.run(["bash", "-c", script], env=environment, capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{where}: {command}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+
+
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+LINKED = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")), "recipes/README.md",
+          "cluster/README.md"]
+
+
+@pytest.mark.parametrize("doc", LINKED)
+def test_every_relative_link_leads_somewhere(doc):
+    source = ROOT / doc
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", source.read_text()):
+        if re.match(r"(https?|mailto):", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (source.parent / path).resolve() if path else source
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.M)
+            if anchor not in {github_anchor(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"{doc}: links to nothing: {broken}"
+
+
+def test_the_readme_is_a_five_minute_read():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 12_000, f"README.md is {len(readme.encode())} bytes; move detail to docs/"
+    first_screen = "\n".join(readme.splitlines()[:40])
+    assert "make demo" in first_screen and "make test" in first_screen

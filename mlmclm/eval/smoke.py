@@ -8,7 +8,7 @@ from mlmclm.eval.smoke_tasks import SmokeSizes, write_smoke_tasks
 from mlmclm.eval.summary import write_summary
 
 
-# The smoke budget, measured on the demo's 4-layer, 128-wide exports (README "First hour"): 30 steps at 1e-3 left
+# The smoke budget, measured on the demo's 4-layer, 128-wide exports (README, the demo): 30 steps at 1e-3 left
 # token classification at F1 0 for every model; 100 steps of 16 at 3e-3 (AdamW 0.9/0.95, wd 0.1, 10 % warmup)
 # learns the name tasks. A tiny model wants a larger LR than the paper grid's 1e-5..5e-4.
 SMOKE_LEARNING_RATES = (3e-3,)
