@@ -42,7 +42,8 @@ def check_relative_name(value, where: str) -> str:
     bad = [part for part in value.split("/") if not NAME_COMPONENT.fullmatch(part)]
     if bad:
         why = ("an absolute path" if value.startswith("/") else "'..' leaves the dataset" if ".." in bad
-               else f"{bad[0]!r} is not a plain name (letters, digits, '.', '_', '-'; not starting with '.' or '-')")
+               else ("it" if bad[0] == value else f"its component {bad[0]!r}")
+               + " is not a plain name (letters, digits, '.', '_', '-'; not starting with '.' or '-')")
         raise ValueError(f"{where}: refusing {value!r}: {why}. A manifest may only name files inside its dataset, "
                          "as prepare_data writes them (shard-000000.tar, part-00000-of-00002/shard-000000.tar, "
                          "validation/manifest.json)")
