@@ -366,7 +366,7 @@ def throughput_rows(cfg: CheckConfig, precision: str, peak: float | None, deadli
                    for seq in cfg.seq_lengths for objective in cfg.objectives]
         rows.extend(planned)
         if precision == "fp8":
-            attention, why = fp8_attention_here(preset(model).head_dim, FP8_RECIPE)
+            attention, why = fp8_attention_here(preset(model).head_dim, FP8_RECIPE, "padded")
             for row in planned:
                 row.fp8_attention, row.fp8_attention_reason = attention, why
         if time.monotonic() + cfg.seconds_per_run > deadline:
@@ -612,7 +612,7 @@ def run_check(cfg: CheckConfig) -> dict:
                            "(mlmclm.flops)",
         "fp8": {"available": fp8_ok, "reason": fp8_why,
                 "recipe": FP8_RECIPE,
-                "attention": {m: fp8_attention_here(preset(m).head_dim, FP8_RECIPE)[1] for m in cfg.models},
+                "attention": {m: fp8_attention_here(preset(m).head_dim, FP8_RECIPE, "padded")[1] for m in cfg.models},
                 "ratios": ratios},
         "precision_agreement": agreement,
         "features": features,

@@ -200,7 +200,10 @@ def _document_attention_worker(use_te: bool, out_path: str) -> None:
     init_parallel(ParallelConfig(), seed=3)
     torch.manual_seed(0)
     shape = preset("tiny")
-    chunks = build_model(shape, ParallelConfig(), PrecisionConfig(dtype="bf16"), causal=False, use_te=use_te)
+    # packed_segments: the local softmax then takes the causality from the mask (apex's causal kernel would drop
+    # it), so every local call below passes one — a single segment for the references.
+    chunks = build_model(shape, ParallelConfig(), PrecisionConfig(dtype="bf16"), causal=False, use_te=use_te,
+                         packed_segments=True)
     model, device = chunks[0].eval(), current_device()
     seq = sum(DOC_LENGTHS[0])
     ids = torch.stack([torch.repeat_interleave(torch.arange(len(n)), torch.tensor(n)) for n in DOC_LENGTHS])
@@ -217,13 +220,17 @@ def _document_attention_worker(use_te: bool, out_path: str) -> None:
                 packed = flat.reshape(tokens.shape[0], seq, -1)
             else:
                 packed = model(tokens, positions, block_diagonal_mask(layout.document_ids.to(device), causal))
-            across = model(tokens, positions, None)
+            def one_segment(rows, length):
+                return None if use_te else block_diagonal_mask(torch.zeros(rows, length, dtype=torch.long,
+                                                                           device=device), causal)
+
+            across = model(tokens, positions, one_segment(*tokens.shape))
             worst, spread = 0.0, 0.0
             for row, lengths in enumerate(DOC_LENGTHS):
                 start = 0
                 for n in lengths:
                     alone = model(tokens[row:row + 1, start:start + n],
-                                  torch.arange(n, device=device).unsqueeze(0), None)[0].float()
+                                  torch.arange(n, device=device).unsqueeze(0), one_segment(1, n))[0].float()
                     worst = max(worst, float((packed[row, start:start + n].float() - alone).abs().max()))
                     spread = max(spread, float((across[row, start:start + n].float() - alone).abs().max()))
                     start += n

@@ -6,13 +6,15 @@ import logging
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
+from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.fusions import fusion_flags
-from mlmclm.model.precision import PrecisionConfig, fp8_attention_here, transformer_engine_available
+from mlmclm.model.precision import (PrecisionConfig, attention_layout_name, fp8_attention_here, fp8_recipe_error,
+                                    transformer_engine_available)
 from mlmclm.model.spec import block_spec
 from mlmclm.parallel import runtime
 from mlmclm.parallel.runtime import ParallelConfig, current_device
@@ -22,15 +24,22 @@ log = logging.getLogger(__name__)
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
                        use_te: bool = False, fused_kernels: bool = True,
-                       deterministic: bool = False) -> TransformerConfig:
+                       deterministic: bool = False, packed_segments: bool = False) -> TransformerConfig:
+    """`packed_segments`: the batches are cut into segments (random-length samples, per-document attention), which
+    TE layers attend to as packed THD — a layout TE's FP8 attention cannot take."""
     precision = precision or PrecisionConfig()
     on_gpu = runtime.on_gpu()
     dtype = precision.resolved_dtype(on_gpu)
     if precision.fp8 and not use_te:
         raise ValueError("precision.fp8 needs Transformer Engine layers (TE importable and a CUDA device)")
+    if precision.fp8:
+        unsupported = fp8_recipe_error(runtime.gpu_capability(), precision.fp8_recipe)
+        if unsupported:
+            raise ValueError(unsupported)
     fp8_attention = False
     if precision.fp8 and precision.fp8_attention != "off":
-        fp8_attention, reason = fp8_attention_here(model.head_dim, precision.fp8_recipe, training=True)
+        fp8_attention, reason = fp8_attention_here(model.head_dim, precision.fp8_recipe,
+                                                   attention_layout_name(packed_segments, use_te), training=True)
         if precision.fp8_attention == "on" and not fp8_attention:
             raise ValueError(reason)
         log.info(reason)
@@ -87,15 +96,17 @@ def resolve_use_te(requested: bool | None) -> bool:
 
 def build_model(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
                 causal: bool = False, use_te: bool | None = None, fused_kernels: bool = True,
-                deterministic: bool = False) -> list[GPTModel]:
+                deterministic: bool = False, packed_segments: bool = False) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), on the current device.
 
     `causal` picks the initial attention; `set_causal` switches it later without rebuilding anything.
     `fused_kernels=False` switches every megatron fused kernel off (else each is on where it can run).
+    `packed_segments`: every batch is cut into segments (random-length samples, per-document attention): TE layers
+    get them as THD, local layers as an explicit mask that already holds the causal triangle (see `set_causal`).
     """
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
-    config = transformer_config(model, parallel, precision, use_te, fused_kernels, deterministic)
+    config = transformer_config(model, parallel, precision, use_te, fused_kernels, deterministic, packed_segments)
     vpp = parallel.virtual_pipeline_parallel
     stages = range(vpp) if vpp else [None]
     chunks = []
@@ -115,28 +126,52 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
             vp_stage=vp_stage,
         )
         gpt.uses_transformer_engine = use_te  # per-document attention: THD with TE, a mask with local layers
+        gpt.mask_carries_causality = packed_segments and not use_te
+        if gpt.mask_carries_causality:
+            for module in gpt.modules():
+                if isinstance(module, FusedScaleMaskSoftmax):
+                    module.register_forward_pre_hook(_refuse_a_missing_mask)
         gpt.to(current_device())
         chunks.append(gpt)
     set_causal(chunks, causal)
     return chunks
 
 
+def _refuse_a_missing_mask(softmax, args) -> None:
+    """A model built for explicit masks has a non-causal softmax: called without a mask in a CLM phase it would
+    attend to the future, so it refuses instead."""
+    mask = args[1] if len(args) > 1 else None
+    if mask is None and getattr(softmax, "phase_is_causal", False):
+        raise RuntimeError("this model was built for packed segments (packed_segments=True): its local attention "
+                           "takes the causality from the attention mask, and was called without one")
+
+
 def set_causal(chunks, causal: bool) -> None:
-    """Switch every attention layer between causal (CLM) and bidirectional (MLM); the weights are untouched."""
+    """Switch every attention layer between causal (CLM) and bidirectional (MLM); the weights are untouched.
+
+    Local layers given an explicit mask (`mask_carries_causality`: the block-diagonal mask of packed segments, built
+    causal for CLM) must not let megatron's softmax treat the layer as causal: `FusedScaleMaskSoftmax` with
+    `AttnMaskType.causal` takes apex's upper-triangular kernel for fp16/bf16 inputs of 16 < keys <= 4096 and drops
+    the mask given to it (`fusions/fused_softmax.py`, megatron-core 0.19), so CLM would attend across samples. Its
+    mask type is then `padding` — the masked kernel, or the torch softmax, applies our mask, causal triangle
+    included — while the attention's own `attn_mask_type` (unused by local attention) still says which phase it is.
+    """
     mask_type = AttnMaskType.causal if causal else AttnMaskType.no_mask
     for chunk in chunks:
+        softmax_type = AttnMaskType.padding if getattr(chunk, "mask_carries_causality", False) else mask_type
         for module in chunk.modules():
-            if hasattr(module, "attn_mask_type") and isinstance(module.attn_mask_type, AttnMaskType):
+            if isinstance(module, FusedScaleMaskSoftmax):
+                # The local softmax keeps its own copy and builds the causal mask from it.
+                module.attn_mask_type = softmax_type
+                module.phase_is_causal = causal
+            elif isinstance(getattr(module, "attn_mask_type", None), AttnMaskType):
                 module.attn_mask_type = mask_type
-            # The local softmax keeps its own copy and builds the causal mask from it.
-            softmax = getattr(module, "scale_mask_softmax", None)
-            if softmax is not None:
-                softmax.attn_mask_type = mask_type
 
 
 def is_causal(chunks) -> bool:
     for chunk in chunks:
         for module in chunk.modules():
-            if isinstance(getattr(module, "attn_mask_type", None), AttnMaskType):
+            if not isinstance(module, FusedScaleMaskSoftmax) and \
+                    isinstance(getattr(module, "attn_mask_type", None), AttnMaskType):
                 return module.attn_mask_type == AttnMaskType.causal
     raise ValueError("no attention layer found in the model chunks")

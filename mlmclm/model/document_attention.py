@@ -98,3 +98,29 @@ def positions_end_to_end(positions: torch.Tensor, batch_size: int, seq_length: i
     tokens' indices once `rows_end_to_end` has made the batch one sequence: row r, column c moves from c·b + r
     to r·S + c. Computed where the positions are (no read from the device)."""
     return (positions % batch_size) * seq_length + positions // batch_size
+
+
+# Local layers attend to packed segments through an explicit [b, 1, T, T] mask, and megatron's local attention
+# materialises [b, heads, T, T] scores and probabilities per layer (fp32 for the softmax). Above 4096 keys apex's
+# fused softmax does not apply (megatron: 16 < sk <= 4096) and those tensors outgrow a GPU: at the paper's worst
+# micro-batch (12 samples of 2048, T = 24,576) with 12 heads they are 12 × T² × 4 B ≈ 29 GB per layer. Only TE's
+# THD attention runs such rows.
+LOCAL_MASK_MAX_TOKENS = 4096
+
+
+def local_attention_bytes(row_tokens: int, heads_per_rank: int, rows: int = 1) -> int:
+    """The fp32 [rows, heads, T, T] attention scores of one local layer (what the explicit mask costs)."""
+    return rows * heads_per_rank * row_tokens * row_tokens * 4
+
+
+def check_local_packed_attention(chunks, row_tokens: int, heads_per_rank: int, rows: int = 1) -> None:
+    """Refuse local (non-TE) layers on packed segments whose rows are too long for a T × T mask per layer."""
+    if not any(getattr(chunk, "mask_carries_causality", False) for chunk in chunks):
+        return
+    if row_tokens > LOCAL_MASK_MAX_TOKENS:
+        size = local_attention_bytes(row_tokens, heads_per_rank, rows) / 1e9
+        raise ValueError(
+            f"packed segments of up to {row_tokens} tokens per row on megatron's local layers (Transformer Engine "
+            f"is not in use): attention would need a {row_tokens} x {row_tokens} mask and {size:.1f} GB of fp32 "
+            f"scores per layer (more than {LOCAL_MASK_MAX_TOKENS} tokens per row is refused). Install "
+            f"transformer-engine[pytorch]>=2.2 (THD attention, no mask) or use shorter micro-batches")

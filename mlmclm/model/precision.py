@@ -70,8 +70,40 @@ class PrecisionConfig:
         return self.dtype
 
 
+# megatron-core 0.19 builds the tensorwise (current-scaling) recipe, our default, only on TE >= 2.2
+# (`fp8_utils.get_fp8_recipe`: `is_te_min_version("2.2.0.dev0")`; below it the recipe is never built and the first
+# FP8 step fails). pyproject's `gpu` extra asks for the same floor; this check catches an image that ships older.
+TE_MIN_VERSION = (2, 2)
+
+
+def te_version_error(version: str) -> str | None:
+    """Why this TE version cannot be used (None when it can): below `TE_MIN_VERSION`, or unreadable."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return f"transformer_engine reports an unreadable version {version!r}"
+    floor = ".".join(map(str, TE_MIN_VERSION))
+    if parsed.release[:2] < TE_MIN_VERSION:
+        return (f"transformer_engine {version} is older than {floor}: megatron-core builds the tensorwise FP8 recipe "
+                f"only on TE >= 2.2; install transformer-engine[pytorch]>={floor}")
+    return None
+
+
+def installed_te_version() -> str:
+    """TE's version as megatron reads it (`megatron.core.utils.get_te_version`): `__version__`, else pip's."""
+    import transformer_engine
+
+    if hasattr(transformer_engine, "__version__"):
+        return str(transformer_engine.__version__)
+    from importlib.metadata import version
+
+    return version("transformer-engine")
+
+
 def transformer_engine_available() -> tuple[bool, str]:
-    """Whether TE's layers can be used here, and why not."""
+    """Whether TE's layers can be used here, and why not (no GPU, not importable, or older than TE_MIN_VERSION)."""
     from mlmclm.parallel.runtime import on_gpu
 
     if not on_gpu():
@@ -80,23 +112,60 @@ def transformer_engine_available() -> tuple[bool, str]:
         import transformer_engine.pytorch  # noqa: F401
     except Exception as err:  # ImportError, or a broken build raising at import
         return False, f"transformer_engine not importable ({type(err).__name__}: {err})"
+    too_old = te_version_error(installed_te_version())
+    if too_old:
+        return False, too_old
     return True, "transformer_engine importable and CUDA present"
 
 
-def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, recipe: str,
+def fp8_recipe_error(capability: tuple[int, int] | None, recipe: str) -> str | None:
+    """Why TE cannot run FP8 GEMMs with `recipe` on this GPU (None when it can). From TE's support checks
+    (`transformer_engine/pytorch/quantization.py`, TE 2.x: `_compute_fp8_support`, `_compute_mxfp8_support`,
+    `_compute_fp8_block_scaling_support`): FP8 needs sm89+; MXFP8 sm100-sm11x (not sm120+); block scaling sm90+
+    (and CUDA >= 12.9, which TE checks itself)."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"unknown FP8 recipe {recipe!r}; choose from {FP8_RECIPES}")
+    if capability is None:
+        return "FP8 needs a CUDA device"
+    arch = f"sm{capability[0]}{capability[1]}"
+    if tuple(capability) < (8, 9):
+        return f"TE runs FP8 only on sm89 or newer, this GPU is {arch}"
+    if recipe == "mxfp8" and not (10, 0) <= tuple(capability) < (12, 0):
+        return (f"precision.fp8_recipe mxfp8: TE runs MXFP8 only on sm100-sm110 (Blackwell), this GPU is {arch}; "
+                f"use tensorwise or delayed")
+    if recipe == "blockwise" and tuple(capability) < (9, 0):
+        return f"precision.fp8_recipe blockwise: TE runs FP8 block scaling only on sm90 or newer, this GPU is {arch}"
+    return None
+
+
+ATTENTION_LAYOUTS = ("padded", "thd")  # [s, b, h, d] rows (sbhd), or packed segments (thd, cu_seqlens)
+
+
+def attention_layout_name(packed_segments: bool, use_te: bool) -> str:
+    """How attention sees a micro-batch: random-length samples and per-document attention cut it into segments,
+    which TE layers run as packed THD (mlmclm.model.document_attention); otherwise whole padded rows."""
+    return "thd" if packed_segments and use_te else "padded"
+
+
+def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, recipe: str, layout: str,
                            training: bool = True) -> tuple[bool, str]:
-    """Whether TE's FP8 dot-product attention can run for this GPU, shape and FP8 recipe; the reason in one line.
+    """Whether TE's FP8 dot-product attention can run for this GPU, shape, FP8 recipe and attention layout; the
+    reason in one line.
 
     Pure, so it is tested over architectures without one. From TE's backend selection
     (`nvte_get_fused_attn_backend` in common/fused_attn/fused_attn.cpp and `get_attention_backend` in
-    pytorch/attention/dot_product_attention/utils.py, TE 2.4-2.18): FP8 attention runs only in cuDNN's fused
+    pytorch/attention/dot_product_attention/utils.py, TE 2.4-2.20): FP8 attention runs only in cuDNN's fused
     attention — FP8 turns off flash attention in training and the unfused path (which only emulates FP8 on request)
     — so when the fused backend is filtered out TE raises "no dot product attention backend". The fused FP8 kernel
-    needs sm90+ and cuDNN >= 9.7 for these shapes; head_dim a multiple of 16; on sm90 training only head_dim 128
-    (inference up to 256); on sm100 up to 128. Per recipe: delayed scaling on sm90+; current scaling
-    ("tensorwise") only on sm100+ with cuDNN >= 9.14; MXFP8 only on sm100+ with cuDNN >= 9.21 and TE >= 2.16;
-    block scaling never. Where support depends on versions we have not run, the answer is off.
+    takes only padded layouts (qkv_format bshd or sbhd; bhsd too from cuDNN 9.21) — never THD, so packed segments
+    (random-length samples, per-document attention) always run attention in bf16. It needs sm90+ and cuDNN >= 9.7 for
+    these shapes; head_dim a multiple of 16; on sm90 training only head_dim 128 (inference up to 256); on sm100 up to
+    128. Per recipe: delayed scaling on sm90+; current scaling ("tensorwise") only on sm100+ with cuDNN >= 9.14;
+    MXFP8 only on sm100+ with cuDNN >= 9.21 and TE >= 2.16; block scaling never. Where support depends on versions
+    we have not run, the answer is off.
     """
+    if layout not in ATTENTION_LAYOUTS:
+        raise ValueError(f"unknown attention layout {layout!r}; choose from {ATTENTION_LAYOUTS}")
     if recipe not in FP8_RECIPES:
         raise ValueError(f"unknown FP8 recipe {recipe!r}; choose from {FP8_RECIPES}")
     if capability is None:
@@ -104,6 +173,10 @@ def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, re
     major, minor = capability
     arch = f"sm{major}{minor}"
     mode = "training" if training else "inference"
+    if layout == "thd":
+        return False, ("FP8 attention off: TE's FP8 fused attention takes only padded layouts (bshd/sbhd), and "
+                       "random-length samples or per-document attention run attention as packed THD segments; "
+                       "attention runs in bf16, GEMMs in FP8")
     if major < 9:
         return False, (f"FP8 attention off: TE's FP8 fused attention needs sm90 or newer, this GPU is {arch}; "
                        f"attention runs in bf16")
@@ -139,11 +212,11 @@ def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, re
     return True, f"FP8 attention on ({arch}, head_dim {head_dim}, delayed scaling, {mode}; needs cuDNN >= 9.7)"
 
 
-def fp8_attention_here(head_dim: int, recipe: str, training: bool = True) -> tuple[bool, str]:
+def fp8_attention_here(head_dim: int, recipe: str, layout: str, training: bool = True) -> tuple[bool, str]:
     """`fp8_attention_decision` for this machine: TE must be importable, then the GPU's compute capability decides."""
     from mlmclm.parallel.runtime import gpu_capability
 
     ok, why = transformer_engine_available()
     if not ok:
         return False, f"FP8 attention off: {why}"
-    return fp8_attention_decision(gpu_capability(), head_dim, recipe, training)
+    return fp8_attention_decision(gpu_capability(), head_dim, recipe, layout, training)

@@ -252,7 +252,7 @@ def _preview(keys: list[str], limit: int = 6) -> str:
 def _apply_model_state(ddp_chunks, state: dict) -> None:
     for index, chunk in enumerate(ddp_chunks):
         key = "model" if len(ddp_chunks) == 1 else f"model{index}"
-        result = unwrap(chunk).load_state_dict(state[key], strict=False)
+        result = checkpoint_guard.load_vetted_state(unwrap(chunk), state[key])  # TE >= 2.18: see there
         missing = [k for k in result.missing_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
         unexpected = [k for k in result.unexpected_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
         if missing or unexpected:

@@ -12,7 +12,10 @@ import and call anything, so each of these would run a hostile checkpoint's code
   other import, before any of its code has run; the error names the file and the import.
 - byte items are read with torch's weights-only unpickler (its own allow-list: containers, numbers, strings, tensors).
 `safe_extra_state` decodes a TE extra state the same way and hands TE a re-serialised copy of what it decoded, so
-TE's own `pickle.loads` only ever sees bytes we wrote.
+TE's own `pickle.loads` only ever sees bytes we wrote. TE >= 2.18 refuses any delayed-scaling payload in
+`set_extra_state` unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (`transformer_engine/pytorch/_extra_state.py`), so
+`load_vetted_state` sets that variable for the one `load_state_dict` call that hands TE those copies — only when
+every non-empty extra state in it is one `safe_extra_state` produced, and restored right after.
 
 Not covered: anything outside these readers (a tokenizer's files are read by `transformers`, which runs no remote
 code unless asked; `safetensors` files hold no code). Paths inside `.metadata` are taken as written: a hostile one can
@@ -20,8 +23,10 @@ make DCP read another file as tensor data (read with `weights_only=True`, so it 
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import io
+import os
 import pickle
 from pathlib import Path
 
@@ -175,15 +180,60 @@ def safe_extra_state(value, source: str):
             raise
         except Exception:  # not a pickle (e.g. a stand-in's raw bytes): nothing in it can be imported or run
             return value
-        return torch.frombuffer(bytearray(pickle.dumps(decoded)), dtype=torch.uint8)
+        return _vetted(torch.frombuffer(bytearray(pickle.dumps(decoded)), dtype=torch.uint8))
     if isinstance(value, io.BytesIO):
         value.seek(0)
         decoded = weights_only_load(value, source)
         fresh = io.BytesIO()
         torch.save(decoded, fresh)
         fresh.seek(0)
-        return fresh
+        return _vetted(fresh)
     return value
+
+
+# The extra states `safe_extra_state` wrote (by identity, held until `load_vetted_state` hands them over).
+_VETTED: dict[int, object] = {}
+UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"  # TE >= 2.18's opt-in, read per call
+
+
+def _vetted(value):
+    _VETTED[id(value)] = value
+    return value
+
+
+def _carries_a_pickle(value) -> bool:
+    """What TE's `set_extra_state` would unpickle: a non-empty byte tensor, or a BytesIO."""
+    return isinstance(value, io.BytesIO) or (isinstance(value, torch.Tensor) and value.numel() > 0)
+
+
+@contextlib.contextmanager
+def _te_pickle_opt_in():
+    before = os.environ.get(UNSAFE_PICKLE_EXTRA_STATE_ENV)
+    os.environ[UNSAFE_PICKLE_EXTRA_STATE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[UNSAFE_PICKLE_EXTRA_STATE_ENV]
+        else:
+            os.environ[UNSAFE_PICKLE_EXTRA_STATE_ENV] = before
+
+
+def load_vetted_state(module: torch.nn.Module, state: dict):
+    """`module.load_state_dict(state, strict=False)`, with TE's pickle opt-in set for exactly this call when every
+    extra state TE would unpickle is a copy `safe_extra_state` wrote (then TE unpickles only our bytes). If any is
+    not, the opt-in stays as it was and TE's own refusal applies to it. Synchronous, on the loading thread: no
+    other reader of the variable runs meanwhile (checkpoint saves are synchronous too)."""
+    pickles = [v for k, v in state.items() if k.endswith("_extra_state") and _carries_a_pickle(v)]
+    all_vetted = all(id(v) in _VETTED and _VETTED[id(v)] is v for v in pickles)
+    try:
+        if pickles and all_vetted:
+            with _te_pickle_opt_in():
+                return module.load_state_dict(state, strict=False)
+        return module.load_state_dict(state, strict=False)
+    finally:
+        for value in pickles:
+            _VETTED.pop(id(value), None)
 
 
 # The DCP reader whose data is being read, so that a refused byte item can name its file.

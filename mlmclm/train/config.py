@@ -182,6 +182,25 @@ class TrainConfig:
                              f"{self.total_steps}")
         self.schedule.check(self.total_steps)
         self.model.validate_layout(self.parallel)
+        if self.precision.fp8 and self.precision.fp8_attention == "on" and self.packed_segments:
+            raise ValueError("precision.fp8_attention: on cannot run with "
+                             + ("data.random_length" if self.data.random_length is not None else
+                                "per_document_attention")
+                             + ": attention then runs on packed THD segments, and Transformer Engine's FP8 attention "
+                               "takes only padded layouts (bshd/sbhd); set precision.fp8_attention to auto or off "
+                               "(attention in bf16, GEMMs still in FP8)")
+
+    def worst_row_tokens(self, seq_length: int) -> int:
+        """The longest row attention can see: a micro-batch of random-length samples all of the longest length
+        (padding aside), or a prepared row of `seq_length`."""
+        lengths = self.data.random_length
+        return self.micro_batch_size * lengths.max_length if lengths is not None else seq_length
+
+    @property
+    def packed_segments(self) -> bool:
+        """Whether batches are cut into attention segments: random-length samples or per-document attention (THD on
+        Transformer Engine layers, an explicit mask on local ones; mlmclm.model.document_attention)."""
+        return self.data.random_length is not None or self.per_document_attention
 
     @classmethod
     def coerce(cls, data: dict) -> dict:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, set_causal
-from mlmclm.model.document_attention import attention_layout
+from mlmclm.model.document_attention import attention_layout, check_local_packed_attention
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
@@ -173,7 +173,10 @@ class _Run:
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te, fused_kernels=cfg.fused_kernels,
-                                  deterministic=cfg.deterministic)
+                                  deterministic=cfg.deterministic, packed_segments=cfg.packed_segments)
+        check_local_packed_attention(self.chunks, cfg.worst_row_tokens(self.seq),
+                                     cfg.model.num_attention_heads // cfg.parallel.tensor_parallel,
+                                     rows=1 if cfg.data.random_length is not None else cfg.micro_batch_size)
         self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce,
                             cfg.optimizer.overlap_param_gather)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)

@@ -116,8 +116,49 @@ def _run(out_path):
         with torch.no_grad():
             stats = forward_backward(ddp, [batch], forward_only=True, documents=[layout])
         out[kind].update(loss_sum=float(stats[0]), count=int(stats[1]))
+    out["softmax"] = _softmax_with_apex_kernels(layout)
     torch.save(out, out_path)
     destroy_parallel()
+
+
+def _softmax_with_apex_kernels(layout):
+    """megatron's own `FusedScaleMaskSoftmax` selection in the model we build on a GPU without TE (bf16, apex's
+    softmax kernels present: `masked_softmax_fusion` on), the kernels a stand-in (tests/stand_ins/apex_softmax.py):
+    per phase, the largest attention weight on a masked (other-sample or future) key, and which kernels ran."""
+    import dataclasses
+
+    from tests.stand_ins import apex_softmax
+
+    from mlmclm.model import fusions
+    from mlmclm.model.precision import PrecisionConfig
+
+    gpu_without_te = fusions.KernelAvailability(gpu=None, apex_softmax=None, apex_wgrad="absent here",
+                                                jit_fuser="absent here", te_rope="no TE")
+    probe, fusions.probe_kernels = fusions.probe_kernels, lambda: gpu_without_te
+    try:
+        chunks = build_model(SHAPE, ParallelConfig(), PrecisionConfig(dtype="bf16"), causal=True, use_te=False,
+                             packed_segments=True)
+    finally:
+        fusions.probe_kernels = probe
+    softmaxes = [m for m in chunks[0].modules() if type(m).__name__ == "FusedScaleMaskSoftmax"]
+    result = {"fusion_on": all(m.scaled_masked_softmax_fusion and m.input_in_bf16 for m in softmaxes)}
+    heads = SHAPE.num_attention_heads
+    scores = torch.randn(len(DOC_LENGTHS), heads, SEQ, SEQ, generator=torch.Generator().manual_seed(1))
+    with apex_softmax.installed() as calls:
+        for causal in (True, False):
+            set_causal(chunks, causal)
+            mask = block_diagonal_mask(layout.document_ids, causal)
+            leak = max(float(m(scores.bfloat16(), mask)[mask.expand_as(scores)].float().abs().max())
+                       for m in softmaxes)
+            result[causal] = {"leak": leak, "calls": dict(calls)}
+            calls.clear()
+        set_causal(chunks, True)
+        try:
+            softmaxes[0](scores.bfloat16(), None)
+            result["without_mask"] = "ran"
+        except RuntimeError as err:
+            result["without_mask"] = str(err)
+    return result
 
 
 def test_packed_documents_equal_each_document_alone(tmp_path):
@@ -132,3 +173,28 @@ def test_packed_documents_equal_each_document_alone(tmp_path):
     for kind in ("mlm", "clm"):
         assert r[kind]["count"] == r[kind]["expected_count"] > 0
         assert abs(r[kind]["loss_sum"] - r[kind]["reference"]) <= 1e-5 * r[kind]["reference"], (kind, r[kind])
+    softmax = r["softmax"]
+    # On a GPU without TE (apex kernels, bf16) megatron's softmax takes a fused kernel for these shapes — and must
+    # take one that applies our mask: no weight on another sample's keys (nor, in CLM, on the future).
+    assert softmax["fusion_on"]
+    for causal in (True, False):
+        assert softmax[causal]["calls"] == {"masked": SHAPE.num_layers}, softmax[causal]
+        assert softmax[causal]["leak"] == 0.0, (causal, softmax[causal])
+    assert "called without one" in softmax["without_mask"]
+
+
+def test_local_layers_refuse_packed_rows_too_long_for_a_mask():
+    """The fallback from TE to local layers at the paper's scale: a 24,576 × 24,576 mask and fp32 scores per layer
+    (~29 GB at 12 heads) is refused with the cause, not left to run out of memory."""
+    import pytest
+
+    from mlmclm.model.document_attention import check_local_packed_attention
+
+    class Chunk:
+        def __init__(self, mask):
+            self.mask_carries_causality = mask
+
+    with pytest.raises(ValueError, match=r"24576 x 24576 mask and 29\.0 GB.*transformer-engine"):
+        check_local_packed_attention([Chunk(True)], 24576, heads_per_rank=12)
+    check_local_packed_attention([Chunk(True)], 4096, heads_per_rank=12)  # within apex's fused softmax
+    check_local_packed_attention([Chunk(False)], 24576, heads_per_rank=12)  # TE layers: THD, no mask

@@ -15,9 +15,15 @@ dist checkpoints (`sharded_state_dict_keys_map`), and megatron's local linears s
 their own; so a local checkpoint and a TE one differ only in `_extra_state` entries (the final norm's), and a TE
 model asks for one no checkpoint has (attention's). This stand-in reproduces exactly that, on modules that run on
 CPU (local attention's `sharded_state_dict` leaves its extra state out, as TE's does).
+
+The extra state itself is TE's, as a delayed-scaling FP8 run stores it: the linears and the final norm carry the
+FP8 metadata pickle of tests/stand_ins/te/transformer_engine/pytorch/module/base.py and load it through TE >= 2.18's
+refusal rule (`_extra_state.py`: a delayed-scaling payload only with NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1), so a
+resume of such a checkpoint is tested against the rule TE applies.
 """
 import dataclasses
 import functools
+import itertools
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -27,19 +33,18 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from mlmclm.model.norm import RMSNorm
 from mlmclm.model.spec import local_layer_spec
 
-EXTRA_STATE = torch.tensor(list(b"fp8-scaling-metadata"), dtype=torch.uint8)  # TE serialises its FP8 meta as bytes
+from tests.stand_ins import transformer_engine_stand_in  # noqa: E402
+
+transformer_engine_stand_in.install()  # this rank is the stand-in's for its life (a spawned scenario process)
+from transformer_engine.pytorch.module.base import FP8ExtraState  # noqa: E402
+
+_module_seeds = itertools.count(1)
 
 
-class _WithExtraState:
+class _WithExtraState(FP8ExtraState):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.te_extra_state = EXTRA_STATE.clone()
-
-    def get_extra_state(self):
-        return self.te_extra_state
-
-    def set_extra_state(self, state):
-        self.te_extra_state = state
+        self.init_fp8_meta(delayed=True, seed=float(next(_module_seeds)))
 
 
 class TEColumnParallelLinearStandIn(_WithExtraState, ColumnParallelLinear):

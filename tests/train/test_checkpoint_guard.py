@@ -146,3 +146,43 @@ def test_te_extra_state_is_handed_over_re_serialised_and_hostile_ones_refused(tm
     assert not marker.exists()
     raw = torch.tensor(list(b"not-a-pickle"), dtype=torch.uint8)
     assert safe_extra_state(raw, "x") is raw and safe_extra_state(None, "x") is None
+
+
+def test_te_2_18s_opt_in_is_opened_only_for_vetted_extra_state(tmp_path):
+    """TE >= 2.18 refuses delayed-scaling extra state without NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (the stand-in
+    applies that rule). `load_vetted_state` sets the opt-in only for a load whose every payload `safe_extra_state`
+    wrote, and unsets it afterwards; a payload it did not vet meets TE's refusal; a hostile one never gets that far."""
+    import os
+
+    from tests.stand_ins import transformer_engine_stand_in
+
+    from mlmclm.train.checkpoint_guard import load_vetted_state
+
+    with transformer_engine_stand_in.on_path():
+        from transformer_engine.pytorch.module.base import FP8ExtraState
+
+        class Linear(FP8ExtraState, torch.nn.Linear):
+            pass
+
+        saved, fresh = Linear(2, 2), Linear(2, 2)
+        saved.init_fp8_meta(delayed=True, seed=3.0)
+        fresh.init_fp8_meta(delayed=True, seed=1.0)
+        state = saved.state_dict()
+        assert state["_extra_state"].numel() > 0
+        assert os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") is None
+        with pytest.raises(RuntimeError, match="Refusing to load pickled Transformer Engine extra state"):
+            fresh.load_state_dict(state)  # what our resume did before: TE refuses
+        with pytest.raises(RuntimeError, match="Refusing to load pickled Transformer Engine extra state"):
+            load_vetted_state(fresh, dict(state))  # not vetted: the door stays shut
+        vetted = {**state, "_extra_state": safe_extra_state(state["_extra_state"], "ckpt: _extra_state")}
+        load_vetted_state(fresh, vetted)
+        assert torch.equal(fresh.fp8_meta["scale_fwd"], torch.full((3,), 3.0))
+        assert os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") is None
+        # A vetted copy is handed over once: holding on to it does not reopen the door later.
+        with pytest.raises(RuntimeError, match="Refusing"):
+            load_vetted_state(fresh, vetted)
+        marker = tmp_path / "payload_ran"
+        with pytest.raises(UnsafeCheckpointError, match="posix.system"):
+            safe_extra_state(_te_extra_state({"recipe": None, "scale_fwd": CreatesFile(marker)}), "ckpt: x")
+        assert not marker.exists()
+    assert not any(name.startswith("transformer_engine") for name in __import__("sys").modules)

@@ -34,6 +34,20 @@ def test_local_checkpoint_loads_into_te_keys_and_back(report):
     assert report["te_to_local_same_weights"]
 
 
+def test_a_delayed_scaling_checkpoint_resumes_under_te_2_18s_extra_state_rule(report):
+    """TE >= 2.18 refuses delayed-scaling extra state unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (the stand-in
+    applies its rule, tests/stand_ins/te/transformer_engine/pytorch/_extra_state.py). Our vetted, re-pickled copies
+    reach TE through that opt-in for the one load call; the variable is unset again afterwards. (Old code: every
+    such resume raised TE's "Refusing to load pickled Transformer Engine extra state".)"""
+    assert report["fp8_meta_modules"] >= 4 * 2 + 1  # 4 linears per layer, 2 layers, the final norm
+    assert report["te_resume_same_weights"]
+    # Attention's FP8 metadata is the one megatron leaves out of dist checkpoints (see te_standin.py): it starts
+    # fresh, as with TE; every other module's is restored.
+    for differs in (report["te_resume_fp8_meta_differs"], report["te_init_from_fp8_meta_differs"]):
+        assert differs and all(name.endswith("core_attention") for name in differs), differs
+    assert report["te_opt_in_after_loads"] is None
+
+
 def test_a_different_model_is_refused_naming_the_keys(report):
     assert "missing from the checkpoint: decoder.layers.self_attention.linear_proj.bias" in report["refused_missing"]
     assert "in the checkpoint but not in this model: decoder.layers.self_attention.linear_proj.bias" in \

@@ -287,12 +287,35 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
     back = make(local_spec)
     ckpt.load_full_state(te_path, *back)  # TE keys → local spec, optimizer and all
     report["te_to_local_same_weights"] = same_weights(te, back)
+    # A resume of a delayed-scaling FP8 checkpoint under TE >= 2.18's extra-state rule (te_standin), and a weights-
+    # only load (init_from, a branch's CPT child) of it: FP8 metadata restored, TE's opt-in left as it was.
+    resumed = make(te_standin.te_keyed_block_spec)
+    ckpt.load_full_state(te_path, *resumed)
+    report["te_resume_same_weights"] = same_weights(te, resumed)
+    report["te_resume_fp8_meta_differs"] = _fp8_meta_differences(te[0], resumed[0])
+    report["fp8_meta_modules"] = len(_fp8_meta(te[0]))
+    init_from = make(te_standin.te_keyed_block_spec)
+    ckpt.load_weights(te_path, init_from[0], init_from[1])
+    report["te_init_from_fp8_meta_differs"] = _fp8_meta_differences(te[0], init_from[0])
+    report["te_opt_in_after_loads"] = os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE")
     biased = make(te_standin.biased_block_spec)
     report["refused_missing"] = refusal(local_path, biased)
     report["refused_unexpected"] = refusal(save("biased", biased), back, full=True)
     report["te_path"] = str(te_path)
     destroy_parallel()
     Path(report_path).write_text(json.dumps(report))
+
+
+def _fp8_meta(ddp) -> dict:
+    """Every stand-in TE module's delayed-scaling tensors, as lists (comparable, JSON-able)."""
+    return {name: {k: v.tolist() for k, v in module.fp8_meta.items() if isinstance(v, torch.Tensor)}
+            for chunk in ddp for name, module in chunk.module.named_modules() if hasattr(module, "fp8_meta")}
+
+
+def _fp8_meta_differences(a, b) -> list[str]:
+    """Modules whose FP8 metadata differs between two models."""
+    meta_a, meta_b = _fp8_meta(a), _fp8_meta(b)
+    return sorted(name for name in meta_a.keys() | meta_b.keys() if meta_a.get(name) != meta_b.get(name))
 
 
 def _extra_state_keys(metadata: dict) -> list[str]:
