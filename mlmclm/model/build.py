@@ -44,6 +44,15 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
             raise ValueError(reason)
         log.info(reason)
     params_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    # Each fused kernel only where it can be imported for this spec (mlmclm/model/fusions.py); logged.
+    fusions = fusion_flags(use_te, enabled=fused_kernels)
+    if use_te and packed_segments and not fusions.apply_rope_fusion.on:
+        # megatron's unfused THD RoPE (`rope_utils._apply_rotary_pos_emb_thd`) reads cu_seqlens from the device with
+        # .tolist()/.item() in every layer: ~4 host synchronisations per layer and micro-batch, where a step has one.
+        raise ValueError("packed segments on Transformer Engine layers need TE's fused THD RoPE (apply_rope_fusion), "
+                         f"which is off here ({fusions.apply_rope_fusion.reason}): megatron's unfused THD RoPE "
+                         "synchronises with the host in every layer. Keep fused_kernels on with a TE that has "
+                         "fused_apply_rotary_pos_emb_thd")
     return TransformerConfig(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -72,8 +81,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         fp8_recipe=precision.fp8_recipe,
         **precision.fp8_scaling_kwargs(),
         fp8_dot_product_attention=fp8_attention,
-        # Each fused kernel only where it can be imported for this spec (mlmclm/model/fusions.py); logged.
-        **fusion_flags(use_te, enabled=fused_kernels).config_kwargs(),
+        **fusions.config_kwargs(),
         attention_softmax_in_fp32=True,
         # Losses are token sums; megatron divides gradients by the global batch's token count (DP- and
         # micro-batch-invariant). DDP reads this when it is built, so it belongs here.
@@ -166,6 +174,12 @@ def set_causal(chunks, causal: bool) -> None:
                 module.phase_is_causal = causal
             elif isinstance(getattr(module, "attn_mask_type", None), AttnMaskType):
                 module.attn_mask_type = mask_type
+            elif isinstance(getattr(module, "attn_mask_type", None), str) and hasattr(module, "window_size"):
+                # TE's DotProductAttention keeps the mask type and window it was built with; megatron passes the
+                # layer's mask type at each call, but the window would stay the build's, which TE then corrects
+                # with a warning (`check_set_window_size`). Set both to what a layer built for this phase holds.
+                module.attn_mask_type = "causal" if causal else "no_mask"
+                module.window_size = (-1, 0) if causal else (-1, -1)
 
 
 def is_causal(chunks) -> bool:

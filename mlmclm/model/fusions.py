@@ -120,7 +120,9 @@ def _jit_fuser_error() -> str | None:
 
 def _te_rope_error() -> str | None:
     try:
-        from megatron.core.extensions.transformer_engine import fused_apply_rotary_pos_emb  # noqa: F401
+        # The THD variant too: packed segments (random-length samples) need it (mlmclm.model.build).
+        from megatron.core.extensions.transformer_engine import (  # noqa: F401
+            fused_apply_rotary_pos_emb, fused_apply_rotary_pos_emb_thd)
     except Exception as err:
         return f"TE fused RoPE not importable ({type(err).__name__})"
     return None
