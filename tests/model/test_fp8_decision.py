@@ -99,6 +99,14 @@ def _fake_hopper_with_te(monkeypatch, capability=(9, 0)):
 
     monkeypatch.setattr(precision, "transformer_engine_available", lambda: (True, "stand-in: TE on a GPU"))
     monkeypatch.setattr(runtime, "gpu_capability", lambda: capability)
+    # TE's fused THD RoPE present (packed segments need it): our probe, and megatron's presence check at config time.
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from mlmclm.model import fusions
+
+    monkeypatch.setattr(fusions, "probe_kernels", lambda: fusions.KernelAvailability(
+        gpu=None, apex_softmax="absent", apex_wgrad="absent", jit_fuser="absent", te_rope=None))
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb_thd", lambda *args, **kwargs: None)
 
 
 def test_built_config_turns_fp8_attention_off_for_packed_segments(monkeypatch):
