@@ -1,5 +1,7 @@
 """Fine-tune and evaluate Hugging Face encoder directories on downstream tasks (docs/evaluation.md).
 
+  python tools/evaluate.py fetch --suite paper --out data/paper     # on a machine with network: every file, once
+  python tools/evaluate.py grid --suite paper --list [--data-root data/paper]  # sources, splits, budgets, steps
   python tools/evaluate.py grid --model CLM=out/clm_hf --data-root data/paper --output eval/clm   # the paper suite
   python tools/evaluate.py grid --model CLM=out/clm_hf --smoke --output eval/clm      # the smoke budget (smoke.py)
   python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm
@@ -19,11 +21,14 @@ from pathlib import Path
 
 from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.eval.data_efficiency import evaluate_checkpoints
+from mlmclm.eval.data_root import check_manifest
+from mlmclm.eval.fetch import FetchError, fetch_suite, manifest_bytes, suite_repos
 from mlmclm.eval.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
 from mlmclm.eval.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records,
                                   run_grid)
 from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
 from mlmclm.eval.smoke_tasks import write_smoke_tasks
+from mlmclm.eval.suite_plan import describe_suite
 from mlmclm.eval.summary import write_summary
 from mlmclm.eval.tasks import TaskDataError, load_task_specs
 from mlmclm.train.checkpoint import CheckpointError
@@ -40,7 +45,9 @@ def _suite(args) -> str:
 
 def _tasks(args) -> list:
     if _suite(args) == "paper":
-        return paper_suite(args.data_root, args.task)
+        if args.data_root is not None:  # a folder that does not match the pins is refused before any run starts
+            check_manifest(args.data_root, suite_repos(args.task or list(PAPER_TASKS)), args.allow_other_revisions)
+        return paper_suite(args.data_root, args.task, args.allow_other_revisions)
     if args.task or args.data_root:
         raise ValueError("--task/--data-root select tasks of the paper suite (--suite paper)")
     specs = []
@@ -73,8 +80,10 @@ def _protocol(args) -> ProtocolConfig:
                              "--smoke/--tasks/--preset runs")
         protocol = ProtocolConfig.paper(**common)
         if args.max_steps is not None:  # a smaller step budget for SC/QA/IR (a quick check, not the paper's)
-            protocol = ProtocolConfig.paper(budgets=tuple((f, args.max_steps if s else None, e)
-                                                          for f, s, e in protocol.budgets), **common)
+            protocol = ProtocolConfig.paper(
+                budgets=tuple((f, args.max_steps if s else None, e) for f, s, e in protocol.budgets),
+                task_budgets=tuple((t, args.max_steps if s else None, e) for t, s, e in protocol.task_budgets),
+                **common)
         return protocol
     min_steps = CUSTOM_MIN_STEPS if args.min_steps is None else args.min_steps
     return ProtocolConfig(max_steps=1000 if args.max_steps is None else args.max_steps,
@@ -98,10 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     grid = commands.add_parser("grid", help="LR x seed grid on each task for each model, then the summary")
     curve = commands.add_parser("curve", help="export + evaluate every checkpoint of a training run")
     summary = commands.add_parser("summary", help="rebuild summary.md / summary.json from existing run JSONs")
+    fetch = commands.add_parser("fetch", help="download every file the paper suite reads into --out (network; "
+                                              "resumable), for --data-root on offline machines")
+    fetch.add_argument("--suite", choices=("paper",), default="paper")
+    fetch.add_argument("--out", type=Path, required=True)
+    fetch.add_argument("--task", action="append", choices=sorted(PAPER_TASKS), help="only these paper tasks")
     for sub in (grid, curve):
         sub.add_argument("--suite", choices=("paper", "custom"),
                          help="paper (default without --smoke/--tasks/--preset): the paper's 13 tasks and protocol")
-        sub.add_argument("--data-root", type=Path, help="paper suite from local folders DATA_ROOT/<task>/")
+        sub.add_argument("--data-root", type=Path, help="paper suite offline, from a folder written by `fetch`")
+        sub.add_argument("--allow-other-revisions", action="store_true",
+                         help="evaluate on a --data-root whose revisions differ from the pinned ones")
         sub.add_argument("--task", action="append", choices=sorted(PAPER_TASKS),
                          help="only these paper tasks (msmarco brings nq and mldr_en)")
         sub.add_argument("--smoke", action="store_true", help="the embedded smoke tasks (offline)")
@@ -119,30 +135,50 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"custom suites: at least this many steps per run, repeating a small training set "
                               f"for more epochs (default {CUSTOM_MIN_STEPS}; 0: none; never past --max-steps)")
         sub.add_argument("--batch-size", type=int, help=f"default 32; --smoke alone: {SMOKE_BATCH_SIZE}")
-    grid.add_argument("--model", action="append", required=True, metavar="LABEL=HF_MODEL_DIR")
+    grid.add_argument("--model", action="append", metavar="LABEL=HF_MODEL_DIR")
+    grid.add_argument("--list", action="store_true",
+                      help="print each paper task's source, splits and budget and the steps per model; no download")
     curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")
     curve.add_argument("--every", type=int, default=1, help="evaluate every N-th checkpoint (the last always)")
     for sub in (grid, curve, summary):
-        sub.add_argument("--output", type=Path, required=True)
+        sub.add_argument("--output", type=Path, required=sub is not grid)
     return parser
+
+
+def _print_summary(markdown_path: Path) -> None:
+    """The summary's tables on the console (the full report stays in the file)."""
+    print(markdown_path.read_text(encoding="utf-8").rstrip())
+    print(f"\n(written to {markdown_path} and {markdown_path.with_suffix('.json')})")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     try:
-        if args.command == "grid":
+        if args.command == "fetch":
+            manifest = fetch_suite(args.out, args.task or list(PAPER_TASKS))
+            print(f"fetched {len(manifest['repos'])} repositories into {args.out}: "
+                  f"{manifest_bytes(manifest) / 1e6:.1f} MB on disk; offline: --data-root {args.out}")
+        elif args.command == "grid" and args.list:
+            if _suite(args) != "paper":
+                raise ValueError("--list describes the paper suite (--suite paper)")
+            manifest = check_manifest(args.data_root, suite_repos(args.task or list(PAPER_TASKS)),
+                                      args.allow_other_revisions) if args.data_root else None
+            print(describe_suite(_protocol(args), args.task, manifest))
+        elif args.command == "grid":
+            if not args.model or args.output is None:
+                raise ValueError("grid needs --model LABEL=HF_MODEL_DIR and --output DIR (or --list)")
             records = run_grid(_models(args.model), _tasks(args), args.output, _protocol(args))
-            print(write_summary(records, args.output))
+            _print_summary(write_summary(records, args.output))
         elif args.command == "curve":
             print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
         else:
             records = load_records(args.output)
             if not records:
                 raise FileNotFoundError(f"{args.output}: no run JSONs under runs/")
-            print(write_summary(records, args.output))
+            _print_summary(write_summary(records, args.output))
     except (ValueError, FileNotFoundError, TaskDataError, ImportError, CheckpointError, CheckpointReadError,
-            UnsafeCheckpointError) as err:
+            UnsafeCheckpointError, FetchError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
     return 0

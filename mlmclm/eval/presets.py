@@ -1,18 +1,13 @@
-"""Paper tasks by name, and the paper's suite (EncodEval's MLM_vs_CLM configuration as issue 13 records it).
+"""Paper tasks by name, and the paper's suite (EncodEval's MLM_vs_CLM configuration: hgissbkh/EncodEval, branch
+MLM_vs_CLM, encodeval/datasets.py and configs/).
 
 The suite: SC = SST-2, MNLI, QQP; TC = CoNLL-2003, OntoNotes 5, UNER-en; QA = SQuAD, SQuAD-v2, QED, ReCoRD;
-IR = MS MARCO, NQ, MLDR-en (trained once on MS MARCO, tested on all three). Splits follow EncodEval: validation =
-5 % of train (seed 42), test = the official validation split (MNLI: validation_matched); inputs are cut at 99 % of
-the model's max_position_embeddings (rounded); MNLI and QQP pairs are one text ("Premise: …\nHypothesis: …",
-"Question 1: …\nQuestion 2: …", EncodEval's encodeval/datasets.py); retrieval uses "Query: " / "Document: " prefixes.
-
-Retrieval (EncodEval's BEIR-based sets, local folders only): msmarco/ holds train (the training pairs), validation
-(BEIR dev qrels) and test (BEIR test qrels = TREC-DL 2019); nq/ its BEIR test qrels as test (halved per seed, rows
-with the BEIR query `id`); mldr_en/ its dev as validation and its test.
-
-Hugging Face names need the network and are not exercised in tests; the hub schemas of OntoNotes, UNER, QED and
-the BEIR-style retrieval sets differ from ours, so those tasks read local folders in our schemas (docs/evaluation.md)
-— `paper_suite(data_root=...)` reads every task from `data_root/<task>/`.
+IR = MS MARCO, NQ, MLDR-en (trained once on MS MARCO, tested on all three). Splits follow EncodEval: SC and QA
+validate on 5 % of train (seed 42) and test on the official validation split (MNLI: validation_matched); TC uses
+each dataset's own train / validation / test; inputs are cut at 99 % of the model's max_position_embeddings
+(rounded); MNLI and QQP pairs are one text ("Premise: …\nHypothesis: …", "Question 1: …\nQuestion 2: …");
+retrieval uses "Query: " / "Document: " prefixes. Every paper task reads EncodEval's own repository
+(sources.py), from the hub or from a folder written by `tools/evaluate.py fetch`.
 """
 from __future__ import annotations
 
@@ -39,30 +34,26 @@ PRESETS: dict[str, dict] = {
 # beside it in every run).
 _ENCODEVAL_TC = dict(token_labels="every", metric="sentence_macro_f1")
 
-# The paper suite: per task, its family and what differs from our schema on the hub (None: local folder only).
+# The paper suite: per task, its family and what differs from the defaults (the paper protocol's splits, no length
+# cap). Sources: sources.TASK_SOURCES.
+_OWN_SPLITS = dict(split_protocol="official")  # EncodEval's TC: the dataset's own train / validation / test
 PAPER_TASKS: dict[str, dict] = {
-    "sst2": dict(family="classification", hub=dict(hf_name="nyu-mll/glue", hf_config="sst2",
-                                                   columns={"text": "sentence"})),
+    "sst2": dict(family="classification"),
     "mnli": dict(family="classification", split_names={"test": "validation_matched"},
-                 pair_template="Premise: {text}\nHypothesis: {text_pair}",
-                 hub=dict(hf_name="nyu-mll/glue", hf_config="mnli",
-                          columns={"text": "premise", "text_pair": "hypothesis"})),
-    "qqp": dict(family="classification", pair_template="Question 1: {text}\nQuestion 2: {text_pair}",
-                hub=dict(hf_name="nyu-mll/glue", hf_config="qqp",
-                         columns={"text": "question1", "text_pair": "question2"})),
-    "conll2003": dict(family="token_classification", **_ENCODEVAL_TC, hub=dict(hf_name="eriktks/conll2003",
-                                                                                columns={"tags": "ner_tags"})),
-    "ontonotes5": dict(family="token_classification", **_ENCODEVAL_TC, hub=None),
-    "uner_en": dict(family="token_classification", **_ENCODEVAL_TC, hub=None),
-    "squad": dict(family="qa", hub=dict(hf_name="rajpurkar/squad")),
-    "squad_v2": dict(family="qa", hub=dict(hf_name="rajpurkar/squad_v2")),
-    "qed": dict(family="qa", hub=None),
-    "record": dict(family="qa", hub=dict(hf_name="aps/super_glue", hf_config="record",
-                                         columns={"context": "passage", "question": "query"})),
+                 pair_template="Premise: {text}\nHypothesis: {text_pair}"),
+    "qqp": dict(family="classification", pair_template="Question 1: {text}\nQuestion 2: {text_pair}"),
+    "conll2003": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
+    "ontonotes5": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
+    "uner_en": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
+    "squad": dict(family="qa"),
+    "squad_v2": dict(family="qa"),
+    "qed": dict(family="qa"),
+    "record": dict(family="qa"),
     # EncodEval (encodeval/datasets.py): trained on MS MARCO pairs; MS MARCO validated on BEIR's dev qrels and
     # tested on BEIR's "test" qrels (TREC-DL 2019); MLDR-en on its dev and test; NQ's BEIR test queries halved per
-    # seed; each set ranks against the documents of both its splits' qrels (retrieval.py)
-    "msmarco": dict(family="retrieval", hub=None, query_prefix="Query: ", document_prefix="Document: ",
+    # seed (our seeded draw: EncodEval's is unseeded, splits.py); each set ranks its own id-keyed corpus
+    # (retrieval_sets.py)
+    "msmarco": dict(family="retrieval", query_prefix="Query: ", document_prefix="Document: ",
                     split_protocol="official", extra_tests={"nq": "seeded_halves", "mldr_en": "official"}),
 }
 PAPER_TEST_ONLY = ("nq", "mldr_en")  # scored with the model fine-tuned on msmarco
@@ -74,28 +65,26 @@ def preset_task(name: str, **overrides) -> TaskSpec:
     return TaskSpec(name=name, **{**PRESETS[name], **overrides})
 
 
-def paper_task(name: str, data_root: Path | None = None) -> TaskSpec:
-    """One task of the paper suite: from `data_root/<name>/` (our schema) or, when None, from the hub."""
+def paper_task(name: str, data_root: Path | None = None, allow_other_revisions: bool = False) -> TaskSpec:
+    """One task of the paper suite, read from EncodEval's repositories: from `data_root` (a folder written by
+    `tools/evaluate.py fetch`) or, when None, the hub."""
     if name not in PAPER_TASKS:
         hint = " (it is scored with the msmarco model: select msmarco)" if name in PAPER_TEST_ONLY else ""
         raise ValueError(f"unknown paper task {name!r}{hint}; known: {sorted(PAPER_TASKS)}")
     entry = PAPER_TASKS[name]
+    path = None if data_root is None else str(data_root)
     common = dict(name=name, family=entry["family"], split_protocol=entry.get("split_protocol", "paper"),
-                  max_length=None,
-                  split_names=entry.get("split_names", {}), query_prefix=entry.get("query_prefix", ""),
-                  document_prefix=entry.get("document_prefix", ""), pair_template=entry.get("pair_template"),
-                  token_labels=entry.get("token_labels", "first"), metric=entry.get("metric"))
-    extra = entry.get("extra_tests", {})
-    if data_root is not None:
-        return TaskSpec(path=str(Path(data_root) / name), **common,
-                        extra_tests={t: {"path": str(Path(data_root) / t), "split_protocol": protocol}
-                                     for t, protocol in extra.items()})
-    if entry["hub"] is None:
-        raise ValueError(f"paper task {name!r} has no hub loader here (its hub schema differs from ours): convert "
-                         f"it to the {entry['family']} schema of docs/evaluation.md and pass --data-root")
-    return TaskSpec(**entry["hub"], **common)
+                  max_length=None, split_names=entry.get("split_names", {}),
+                  query_prefix=entry.get("query_prefix", ""), document_prefix=entry.get("document_prefix", ""),
+                  pair_template=entry.get("pair_template"), token_labels=entry.get("token_labels", "first"),
+                  metric=entry.get("metric"), source=name, path=path, allow_other_revisions=allow_other_revisions)
+    extra = {t: {"source": t, "path": path, "split_protocol": protocol,
+                 "allow_other_revisions": allow_other_revisions}
+             for t, protocol in entry.get("extra_tests", {}).items()}
+    return TaskSpec(**common, extra_tests=extra)
 
 
-def paper_suite(data_root: Path | None = None, names: list[str] | None = None) -> list[TaskSpec]:
-    """The paper's tasks (all, or `names`), each with EncodEval's splits, length and retrieval settings."""
-    return [paper_task(name, data_root) for name in (names or list(PAPER_TASKS))]
+def paper_suite(data_root: Path | None = None, names: list[str] | None = None,
+                allow_other_revisions: bool = False) -> list[TaskSpec]:
+    """The paper's tasks (all, or `names`), each with EncodEval's sources, splits, length and retrieval settings."""
+    return [paper_task(name, data_root, allow_other_revisions) for name in (names or list(PAPER_TASKS))]

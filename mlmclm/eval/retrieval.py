@@ -1,7 +1,7 @@
 """Retrieval: mean-pooled bi-encoder (shared tower) trained with InfoNCE over in-batch negatives at temperature
-0.05, scored by binary NDCG@10. The corpus: with the "official" / "seeded_halves" split protocols (BEIR-style sets,
-the paper's), the passages of both the validation and the test rows — EncodEval's corpus of both splits' qrels;
-otherwise each split's own passages. Queries and passages get the task's prefixes ("Query: " / "Document: " in the
+0.05, scored by binary NDCG@10. The corpus: an id-keyed set (the paper's, retrieval_sets.py) ranks against its own
+corpus (documents by id, relevance by id); otherwise, with the "official" / "seeded_halves" split protocols, the
+passages of both the validation and the test rows, else each split's own passages. Queries and passages get the task's prefixes ("Query: " / "Document: " in the
 paper); the same fine-tuned model also scores the task's `extra_tests` (the paper trains once on MS MARCO and
 tests on MS MARCO, NQ and MLDR-en) on their own validation and test splits, reported as `validation:<name>` /
 `test:<name>` with the query and corpus counts."""
@@ -38,12 +38,22 @@ def corpus_of(rows) -> list[str]:
     return list(seen)
 
 
-def evaluation_sets(data: TaskData, seed: int) -> dict[str, dict[str, list]]:
-    """The sets a run scores: the task's own splits under "" and each extra set by name, with NQ-style sets halved
-    for this seed."""
-    sets = {"": {split: data.splits[split] for split in ("validation", "test") if split in data.splits}}
-    sets.update({name: extra.for_seed(seed) for name, extra in data.extra_tests.items()})
+def evaluation_sets(data: TaskData, seed: int) -> dict[str, tuple[dict[str, list], dict[str, str] | None]]:
+    """The sets a run scores: the task's own splits under "" and each extra set by name (NQ-style sets halved for
+    this seed), each with its id-keyed corpus when it has one."""
+    sets = {"": ({split: data.splits[split] for split in ("validation", "test") if split in data.splits},
+                 data.corpus)}
+    sets.update({name: (extra.for_seed(seed), extra.corpus) for name, extra in data.extra_tests.items()})
     return sets
+
+
+def ranking_inputs(rows, corpus: dict[str, str] | None, passages: list[str]):
+    """(document ids, document texts, relevant ids per row): by id when the set has an id-keyed corpus (two
+    documents with one text stay two), else by text over `passages`."""
+    if corpus is not None:
+        return list(corpus), list(corpus.values()), [set(r["positive_ids"]) for r in rows]
+    index = {passage: str(i) for i, passage in enumerate(passages)}
+    return list(index.values()), passages, [{index[p] for p in r["positives"]} for r in rows]
 
 
 def shared_corpus(data: TaskData, name: str) -> bool:
@@ -78,22 +88,21 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
 
     log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
-    def score(rows, corpus):
-        doc_vectors = _embed(model, tokenizer, [document + p for p in corpus], max_length, config.eval_batch_size)
+    def score(rows, ids, texts, relevant):
+        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], max_length, config.eval_batch_size)
         query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], max_length,
                                config.eval_batch_size)
-        top = (query_vectors @ doc_vectors.T).topk(min(10, len(corpus)), dim=-1).indices.tolist()
-        rankings = [[str(i) for i in ranked] for ranked in top]
-        index = {passage: str(i) for i, passage in enumerate(corpus)}
-        relevant = [{index[p] for p in r["positives"]} for r in rows]
-        return {"ndcg@10": ndcg_at_k(rankings, relevant, k=10), "queries": len(rows), "corpus": len(corpus)}
+        top = (query_vectors @ doc_vectors.T).topk(min(10, len(ids)), dim=-1).indices.tolist()
+        rankings = [[ids[i] for i in ranked] for ranked in top]
+        return {"ndcg@10": ndcg_at_k(rankings, relevant, k=10), "queries": len(rows), "corpus": len(ids)}
 
     metrics = {}
-    for name, splits in evaluation_sets(data, config.seed).items():
+    for name, (splits, id_corpus) in evaluation_sets(data, config.seed).items():
         shared = shared_corpus(data, name)
-        corpus = corpus_of([row for split in ("validation", "test") for row in splits.get(split, [])])
+        passages = corpus_of([row for split in ("validation", "test") for row in splits.get(split, [])])
         for split in eval_splits:
             if split in splits:
                 key = split if not name else f"{split}:{name}"
-                metrics[key] = score(splits[split], corpus if shared else corpus_of(splits[split]))
+                rows = splits[split]
+                metrics[key] = score(rows, *ranking_inputs(rows, id_corpus, passages if shared else corpus_of(rows)))
     return RunOutcome(metrics=metrics, log=log)

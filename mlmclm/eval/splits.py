@@ -1,8 +1,10 @@
 """Split rules: how validation and test rows are drawn when a source does not give them as such.
 
 - `paper_validation_split`: EncodEval's validation = 5 % of train (datasets' train_test_split, seed 42).
-- `seeded_query_halves`: EncodEval's NQ — the BEIR test queries split 50/50 into validation and test, re-drawn with
-  each fine-tuning seed.
+- `seeded_query_halves`: NQ's BEIR test queries split 50/50 into validation and test, drawn from the fine-tuning
+  seed. EncodEval halves them the same way but *unseeded* (its configs/IR/nq_*.yaml set no seed, so
+  abstract_eval.py never calls set_seed before encodeval/datasets.py nq() samples): its halves cannot be
+  reproduced, and ours are not its halves.
 - `shuffled`: the fixed shuffle (seed 0) behind the derived splits of custom tasks (tasks.load_task).
 Pure functions of rows and seeds; a split that cannot be made raises ValueError saying why.
 """
@@ -28,10 +30,11 @@ def paper_validation_split(rows: list) -> tuple[list, list]:
 
 
 def seeded_query_halves(rows: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
-    """(validation, test) of a retrieval set given as one test split, as EncodEval draws NQ's: Python's
-    `random.sample` of round(n / 2) query ids, from the ids sorted as strings, right after `random.seed(seed)` (what
-    transformers' set_seed does before the data loads); the other queries are the test. Rows are matched by their
-    `id` (the BEIR query id, which their sort uses), else by the query text."""
+    """(validation, test) of a retrieval set given as one test split: Python's `random.sample` of round(n / 2)
+    query ids, from the ids sorted as strings, with `random.Random(seed)`; the other queries are the test. The draw
+    EncodEval makes (the same call, sizes and sort) but seeded, so a run can be repeated — NOT EncodEval's halves,
+    which are drawn unseeded and cannot be reproduced. Rows are matched by their `id` (the BEIR query id), else by
+    the query text."""
     if len(rows) < 2:
         raise ValueError(f"{len(rows)} query row(s): too few to split into validation and test halves")
     keys = [str(row.get("id", row["query"])) for row in rows]

@@ -146,7 +146,25 @@ def summary_markdown(records: list[RunRecord]) -> str:
     for s in stability_results(records):
         lines.append(f"| {s.model} | {s.task} | {s.runs} | {_pct(s.std_over_seeds)} | {_pct(s.std_over_runs)} | "
                      f"{_pct(s.worst_to_best_gap)} | {100 * s.diverged_fraction:.0f} % |")
+    lines += data_lines(records)
     return "\n".join(lines) + "\n"
+
+
+def data_lines(records: list[RunRecord]) -> list[str]:
+    """Where each task's rows came from (repository@revision, "unpinned" where no commit is pinned) and how many
+    each source split held, as the run records carry them."""
+    seen: dict[str, dict] = {}
+    for record in records:
+        if record.extra.get("data"):
+            seen.setdefault(record.task, record.extra["data"])
+    if not seen:
+        return []
+    lines = ["", "## Data", "", "| task | part | source | rows |", "|---|---|---|---|"]
+    for task, parts in sorted(seen.items()):
+        for part, info in parts.items():
+            rows = info.get("rows", info.get("documents"))
+            lines.append(f"| {task} | {part} | {info.get('origin', '(documents, id-keyed)')} | {rows} |")
+    return lines
 
 
 def write_summary(records: list[RunRecord], output_dir: Path) -> Path:

@@ -28,7 +28,7 @@ TOKEN_LABELS = ("first", "every")  # label each word's first sub-token, or all o
 # "given": the source's splits, missing ones derived; "paper": validation = 5 % of train, test = the official
 # validation; "official": every split from its own file, none derived (BEIR-style retrieval sets: validation = dev
 # qrels, test = test qrels); "seeded_halves": an eval-only set given as one test split whose queries are halved
-# into validation and test per fine-tuning seed (EncodEval's NQ). Rules: splits.py.
+# into validation and test per fine-tuning seed (NQ; seeded, unlike EncodEval's draw). Rules: splits.py.
 SPLIT_PROTOCOLS = ("given", "paper", "official", "seeded_halves")
 BIO_TAG = re.compile(r"O|[BI]-\S.*")  # IOB2: outside, or Begin/Inside of an entity type
 
@@ -40,12 +40,16 @@ class TaskDataError(ValueError):
 @dataclass(frozen=True)
 class TaskSpec:
     """One downstream task. Exactly one of `path` (folder with train/validation/test .jsonl or .parquet)
-    and `hf_name` (a `datasets` name, needs network) is set. `columns` maps schema fields to source columns."""
+    and `hf_name` (a `datasets` name, needs network) is set — unless `source` names a paper source
+    (sources.TASK_SOURCES), read from `path` (a folder written by `fetch`) or, when None, the hub at its pinned
+    revision. `columns` maps schema fields to source columns."""
 
     name: str
     family: str
     path: str | None = None
     hf_name: str | None = None
+    source: str | None = None  # a key of sources.TASK_SOURCES: EncodEval's own repositories
+    allow_other_revisions: bool = False  # source read from a fetched folder whose revisions differ from the pins
     hf_config: str | None = None
     split_names: dict[str, str] = field(default_factory=dict)
     columns: dict[str, str] = field(default_factory=dict)
@@ -73,7 +77,13 @@ class TaskSpec:
             raise ValueError(f"task name must be non-empty without '/', got {self.name!r}")
         if self.family not in FAMILIES:
             raise ValueError(f"task {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
-        if (self.path is None) == (self.hf_name is None):
+        if self.source is not None:
+            from mlmclm.eval.sources import TASK_SOURCES
+
+            if self.source not in TASK_SOURCES or self.hf_name is not None:
+                raise ValueError(f"task {self.name!r}: source must be one of {sorted(TASK_SOURCES)} (without "
+                                 f"hf_name), got {self.source!r}")
+        elif (self.path is None) == (self.hf_name is None):
             raise ValueError(f"task {self.name!r}: set exactly one of `path` and `hf_name`")
         if self.max_length is not None and self.max_length < 8:
             raise ValueError(f"task {self.name!r}: max_length must be >= 8, got {self.max_length}")
@@ -123,6 +133,9 @@ class TaskData:
     labels: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra_tests: dict[str, EvalSet] = field(default_factory=dict)  # retrieval: name -> its evaluation splits
+    # retrieval sets keyed by id (EncodEval's BEIR/MLDR sets): id -> text, the one corpus validation and test rank
+    corpus: dict[str, str] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)  # source split -> {"origin", "rows"} (run records)
 
     def __getitem__(self, split: str) -> list[dict[str, Any]]:
         return self.splits[split]
@@ -131,10 +144,13 @@ class TaskData:
 @dataclass
 class EvalSet:
     """An eval-only retrieval set (a task's `extra_tests` entry): "test" rows and, when the set has its own,
-    "validation" rows; with `seeded_halves` its one test split is halved per fine-tuning seed (EncodEval's NQ)."""
+    "validation" rows; with `seeded_halves` its one test split is halved per fine-tuning seed (a seeded draw:
+    EncodEval halves NQ unseeded, splits.py)."""
 
     splits: dict[str, list[dict[str, Any]]]
     seeded_halves: bool = False
+    corpus: dict[str, str] | None = None  # id -> text when the set is keyed by id (TaskData.corpus)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def for_seed(self, seed: int) -> dict[str, list[dict[str, Any]]]:
         if not self.seeded_halves:
@@ -163,9 +179,11 @@ class SourceRows:
     """The rows of one source split, each with where it came from (1-based: `file:line`, `file row n`), so every
     error about a row points at the line to fix."""
 
-    source: str  # the file, or `hf:name [split]`
+    source: str  # the file, or `hf:name [split]`, or `repo@revision [glob]`
     rows: list[dict[str, Any]]
     locations: list[str]
+    label_names: list[str] | None = None  # the dataset's own tag names, in its id order (ClassLabel)
+    corpus: dict[str, str] | None = None  # id-keyed retrieval corpus shared by the set's splits
 
 
 def _read_jsonl(path: Path) -> SourceRows:
@@ -290,7 +308,9 @@ def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> 
     negatives = _require(row, "negatives", list, where, optional=True) or []
     out = {"query": _require(row, "query", str, where), "positives": positives, "negatives": negatives}
     if row.get("id") is not None:
-        out["id"] = str(row["id"])  # BEIR query id: what EncodEval sorts when halving NQ (splits.py)
+        out["id"] = str(row["id"])  # BEIR query id (what NQ's halves are drawn over, splits.py)
+    if row.get("positive_ids") is not None:  # id-keyed sets: relevance by document id, not by text
+        out["positive_ids"] = [str(doc) for doc in row["positive_ids"]]
     return out
 
 
@@ -342,7 +362,9 @@ def load_extra_tests(spec: TaskSpec) -> dict[str, EvalSet]:
             splits[split] = _normalise_rows(sub, rows)
             if not splits[split]:
                 raise TaskDataError(f"task {spec.name!r}: extra test {name!r} in {rows.source} has no rows")
-        out[name] = EvalSet(splits, seeded_halves=sub.split_protocol == "seeded_halves")
+        corpus = next((rows.corpus for rows in sources.values() if rows.corpus is not None), None)
+        out[name] = EvalSet(splits, seeded_halves=sub.split_protocol == "seeded_halves", corpus=corpus,
+                            provenance=provenance_of(sources, sub))
         if out[name].seeded_halves:
             try:
                 out[name].for_seed(0)  # refuse a set that cannot be halved now, not at the first run
@@ -351,7 +373,35 @@ def load_extra_tests(spec: TaskSpec) -> dict[str, EvalSet]:
     return out
 
 
+def _read_source_splits(spec: TaskSpec) -> dict[str, SourceRows]:
+    from mlmclm.eval.data_root import fetched_root, hub_root
+    from mlmclm.eval.sources import TASK_SOURCES, read_task_source
+
+    wanted = {split: source for split, source in _source_splits(spec).items()
+              if source in TASK_SOURCES[spec.source].splits}
+    root_of = hub_root if spec.path is None else fetched_root(Path(spec.path), spec.allow_other_revisions)
+    parts = read_task_source(spec.source, list(dict.fromkeys(wanted.values())), root_of)
+    out = {}
+    for split, source in wanted.items():
+        part = parts[source]
+        numbered = _numbered(part.origin, part.rows)
+        out[split] = SourceRows(part.origin, part.rows, numbered.locations, part.label_names, part.corpus)
+    return out
+
+
+def provenance_of(raw: dict[str, SourceRows], spec: TaskSpec) -> dict[str, Any]:
+    """Per source split, where its rows came from and how many it held (what every run record carries)."""
+    names = _source_splits(spec)
+    out = {names[split]: {"origin": rows.source, "rows": len(rows.rows)} for split, rows in raw.items()}
+    corpus = next((rows.corpus for rows in raw.values() if rows.corpus is not None), None)
+    if corpus is not None:
+        out["corpus"] = {"documents": len(corpus)}
+    return out
+
+
 def _read_splits(spec: TaskSpec) -> dict[str, SourceRows]:
+    if spec.source is not None:
+        return _read_source_splits(spec)
     if spec.path is None:
         return _read_hf_splits(spec)
     folder = Path(spec.path)
@@ -433,15 +483,28 @@ def load_task(spec: TaskSpec) -> TaskData:
             if unseen:
                 raise TaskDataError(f"task {spec.name!r}: {split} has labels never seen in train: {sorted(unseen)}")
     elif spec.family == "token_classification":
-        labels = tag_inventory(spec.name, splits, locations)
+        labels = tag_inventory(spec.name, splits, locations, raw["train"].label_names)
     extra = load_extra_tests(spec) if spec.extra_tests else {}
-    return TaskData(spec=spec, splits=splits, labels=labels, notes=notes, extra_tests=extra)
+    corpus = next((rows.corpus for rows in raw.values() if rows.corpus is not None), None)
+    return TaskData(spec=spec, splits=splits, labels=labels, notes=notes, extra_tests=extra, corpus=corpus,
+                    provenance=provenance_of(raw, spec))
 
 
-def tag_inventory(task: str, splits: dict[str, list[dict[str, Any]]], locations: dict[int, str]) -> list[str]:
-    """The tag set of a token-classification task: "O" first, then train's tags. Refused, naming the row: an
-    `I-X` whose `B-X` never occurs in train (IOB1 data, or a typo: IOB2 begins every entity with B-), and a
-    validation/test tag train never has (the model could not learn it; its gold would silently count as "O")."""
+def tag_inventory(task: str, splits: dict[str, list[dict[str, Any]]], locations: dict[int, str],
+                  names: list[str] | None = None) -> list[str]:
+    """The tag set of a token-classification task. With the dataset's own tag names (`names`, its ClassLabel):
+    those, in the dataset's id order — the ids EncodEval's head predicts and its vote breaks ties by. Otherwise
+    "O" first, then train's tags sorted. Refused, naming the row: an `I-X` whose `B-X` never occurs in train (IOB1
+    data, or a typo: IOB2 begins every entity with B-), and a validation/test tag train never has (the model could
+    not learn it; its gold would silently count as "O")."""
+    if names is not None:
+        for split, rows in splits.items():
+            for row in rows:
+                unknown = set(row["tags"]) - set(names)
+                if unknown:
+                    raise TaskDataError(f"{locations.get(id(row), split)}: tags {sorted(unknown)} are not among "
+                                        f"the dataset's tag names {names}")
+        return list(names)
     train_tags: dict[str, str] = {}
     for row in splits["train"]:
         for tag in row["tags"]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,7 +167,8 @@ def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[li
     log = TrainLog(steps=steps)
     model.train()
     batches = iter(loader)
-    for _ in tqdm(range(steps), desc=description, leave=False, dynamic_ncols=True):
+    # a bar only on a terminal: in a log file every refresh would be one more line
+    for _ in tqdm(range(steps), desc=description, leave=False, dynamic_ncols=True, disable=not sys.stderr.isatty()):
         try:
             batch = next(batches)
         except StopIteration:

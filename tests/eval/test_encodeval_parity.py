@@ -1,19 +1,20 @@
 """`--suite paper` against the authors' EncodEval (hgissbkh/EncodEval, branch MLM_vs_CLM), one test per
-difference issue 25 lists; each builds its fixtures locally (no hub access)."""
+difference issues 25 and 32 list; the paper tasks read fixtures in their sources' hub layout (hub_fixtures.py)."""
 import json
 import math
 import random
+import shutil
 import warnings
 from dataclasses import replace
 
 import pytest
 import torch
-from eval_fixtures import WORDS, make_task_folder, save_tiny_model, write_jsonl
+from eval_fixtures import WORDS, make_task_folder, save_tiny_model
 
 from mlmclm.eval.presets import paper_task
 from mlmclm.eval.protocol import ProtocolConfig
 from mlmclm.eval.runner import finetune_and_score
-from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task
+from mlmclm.eval.tasks import TaskSpec, load_task
 from mlmclm.eval.training import budget_steps, default_max_length, load_tokenizer
 from tools.evaluate import main as evaluate
 
@@ -31,45 +32,37 @@ def test_max_length_rounds_99_percent_of_the_positions(tmp_path):
     assert default_max_length(_config_only_model(tmp_path / "8192", 8192)) == 8110  # 8110.08
 
 
-def _paper_folder(root, task, family, sizes=(40, 0, 12), seed=0):
-    """A paper task folder: train plus the official validation file the paper tests on."""
-    make_task_folder(root / task, family, seed=seed, sizes=sizes)
-    (root / task / "validation.jsonl").unlink()
-    (root / task / "test.jsonl").rename(root / task / "validation.jsonl")
-
-
-def test_qed_trains_one_epoch_while_squad_keeps_the_step_budget(tmp_path, tiny_model_dir, capsys):
+def test_qed_trains_one_epoch_while_squad_keeps_the_step_budget(paper_root, tiny_model_dir, tmp_path, capsys):
     # EncodEval configs/QA/qed_lr*_sd*.yaml: num_train_epochs 1, max_steps -1; squad_*.yaml: max_steps 1000
-    for task in ("qed", "squad"):
-        _paper_folder(tmp_path / "paper", task, "qa")
     out = tmp_path / "out"
-    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(tmp_path / "paper"), "--task", "qed",
+    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(paper_root), "--task", "qed",
                    "--task", "squad", "--lrs", "1e-3", "--seeds", "0", "--max-steps", "3", "--batch-size", "8",
                    "--output", str(out)])
     assert rc == 0, capsys.readouterr().err
     steps = {task: json.loads((out / "runs" / "tiny" / task / "lr0.001_seed0.json").read_text())["steps"]
              for task in ("qed", "squad")}
-    assert steps == {"qed": 5, "squad": 3}  # qed: one epoch of 38 rows at batch 8; squad: the (reduced) step budget
+    assert steps == {"qed": 2, "squad": 3}  # qed: one epoch of 15 rows at batch 8; squad: the (reduced) step budget
     paper = ProtocolConfig.paper()
     assert budget_steps(100_000, paper.finetune_config(1e-4, 0, "qa", "qed")) == 3125
     assert budget_steps(320, paper.finetune_config(1e-4, 0, "qa", "squad")) == 1000
 
 
-def test_mnli_and_qqp_are_one_templated_text(tmp_path):
+def test_mnli_and_qqp_are_one_templated_text(paper_root, tmp_path):
     # EncodEval encodeval/datasets.py: mnli_m() and qqp() map each pair to one "text" before tokenizing
     from mlmclm.eval.classification import encode_rows
 
-    model = save_tiny_model(tmp_path / "model", words=WORDS + ["Premise", "Hypothesis", "Question", "1", "2", ":"])
+    from hub_fixtures import FILLER
+
+    model = save_tiny_model(tmp_path / "model", words=WORDS + FILLER + ["Premise", "Hypothesis", "Question", "1",
+                                                                        "2", ":"])
     tokenizer = load_tokenizer(model)
-    expected = {"mnli": "Premise: the cat sat\nHypothesis: a dog ran",
-                "qqp": "Question 1: the cat sat\nQuestion 2: a dog ran"}
-    for task, text in expected.items():
-        write_jsonl(tmp_path / "data" / task / "train.jsonl",
-                    [{"text": "the cat sat", "text_pair": "a dog ran", "label": i % 2} for i in range(20)])
-        write_jsonl(tmp_path / "data" / task / ("validation_matched.jsonl" if task == "mnli" else "validation.jsonl"),
-                    [{"text": "the cat sat", "text_pair": "a dog ran", "label": 0}])
-        data = load_task(paper_task(task, tmp_path / "data"))
-        [feature] = encode_rows(tokenizer, data.spec, data["test"], {0: 0, 1: 1}, max_length=64)
+    templates = {"mnli": ("premise", "hypothesis", "Premise: {}\nHypothesis: {}"),
+                 "qqp": ("question1", "question2", "Question 1: {}\nQuestion 2: {}")}
+    for task, (first, second, template) in templates.items():
+        data = load_task(paper_task(task, paper_root))
+        row = data["test"][0]
+        text = template.format(row["text"], row["text_pair"])
+        [feature] = encode_rows(tokenizer, data.spec, [row], {label: label for label in data.labels}, 64)
         assert feature["input_ids"] == tokenizer(text)["input_ids"]
         decoded = tokenizer.decode(feature["input_ids"], skip_special_tokens=True)  # word-level: spaces differ
         assert "".join(decoded.split()) == "".join(text.split())
@@ -177,9 +170,10 @@ def _qrels_rows(prefix, n, rng, with_ids=False):
     return rows
 
 
-def test_nq_halves_are_their_random_sample_of_the_sorted_query_ids_per_seed():
+def test_nq_halves_are_a_seeded_random_sample_of_the_sorted_query_ids_per_seed():
     # EncodEval encodeval/datasets.py nq(): random.sample(sorted(query ids), round(0.5 * n)) -> validation, the rest
-    # -> test, drawn after transformers.set_seed(seed) (abstract_eval.py seeds Python's random first)
+    # -> test — but unseeded (configs/IR/nq_*.yaml set no seed). Ours: the same call seeded by the run's seed, so a
+    # run repeats; it is not EncodEval's draw, which nobody can repeat.
     from mlmclm.eval.splits import seeded_query_halves
 
     rows = _qrels_rows("nq", 11, random.Random(0), with_ids=True)
@@ -193,41 +187,32 @@ def test_nq_halves_are_their_random_sample_of_the_sorted_query_ids_per_seed():
     assert seeded_query_halves(rows, 0)[0] != seeded_query_halves(rows, 1)[0]
 
 
-def _retrieval_root(root, rng):
-    write_jsonl(root / "msmarco" / "train.jsonl", _qrels_rows("train", 24, rng))
-    write_jsonl(root / "msmarco" / "validation.jsonl", _qrels_rows("dev", 6, rng))  # BEIR msmarco dev qrels
-    write_jsonl(root / "msmarco" / "test.jsonl", _qrels_rows("dl19", 4, rng))  # BEIR msmarco test = TREC-DL 2019
-    write_jsonl(root / "nq" / "test.jsonl", _qrels_rows("nq", 9, rng, with_ids=True))  # BEIR nq test only
-    write_jsonl(root / "mldr_en" / "validation.jsonl", _qrels_rows("mldr-dev", 5, rng))
-    write_jsonl(root / "mldr_en" / "test.jsonl", _qrels_rows("mldr-test", 3, rng))
+def test_msmarco_validates_on_beir_dev_and_tests_on_trec_dl_with_all_of_train(paper_root, tmp_path):
+    data = load_task(paper_task("msmarco", paper_root))
+    assert len(data["train"]) == 16  # all of the msmarco-pairs rows: no 5 % held out
+    assert [r["id"] for r in data["validation"]] == ["q1", "q2", "q5"]  # BEIR msmarco dev qrels (score >= 1)
+    assert [r["id"] for r in data["test"]] == ["q3", "q4"]  # BEIR msmarco test qrels = TREC-DL 2019
+    broken = tmp_path / "data"
+    shutil.copytree(paper_root, broken)
+    shutil.rmtree(broken / "hgissbkh" / "mldr-en" / "default" / "dev")
+    with pytest.raises(ValueError, match=r"mldr-en: no file matches 'default/dev/\*\.parquet'"):
+        load_task(paper_task("msmarco", broken))
 
 
-def test_msmarco_validates_on_beir_dev_and_tests_on_trec_dl_with_all_of_train(tmp_path):
-    _retrieval_root(tmp_path, random.Random(0))
-    data = load_task(paper_task("msmarco", tmp_path))
-    assert len(data["train"]) == 24  # all of train: no 5 % held out
-    assert [r["query"].split()[0] for r in data["validation"]] == ["dev"] * 6
-    assert [r["query"].split()[0] for r in data["test"]] == ["dl19"] * 4
-    (tmp_path / "mldr_en" / "validation.jsonl").unlink()
-    with pytest.raises(TaskDataError, match=r"mldr_en.*validation"):
-        load_task(paper_task("msmarco", tmp_path))
-
-
-def test_each_retrieval_set_is_scored_on_its_own_splits_and_corpus(tmp_path, tiny_model_dir, capsys):
+def test_each_retrieval_set_is_scored_on_its_own_splits_and_corpus(paper_root, tiny_model_dir, tmp_path, capsys):
     # EncodEval: corpus = the documents of both splits' qrels; NQ's validation/test = halves per seed; MLDR dev/test;
     # the LR is then chosen per set on its own validation score
-    _retrieval_root(tmp_path / "paper", random.Random(0))
     out = tmp_path / "out"
-    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(tmp_path / "paper"), "--task",
+    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(paper_root), "--task",
                    "msmarco", "--lrs", "1e-3", "1e-4", "--seeds", "0", "--max-steps", "2", "--batch-size", "8",
                    "--output", str(out)])
     assert rc == 0, capsys.readouterr().err
     runs = {(p.parent.name, p.name): json.loads(p.read_text()) for p in (out / "runs" / "tiny").glob("*/*.json")}
     counts = {task: ({s: (r[s]["queries"], r[s]["corpus"]) for s in ("validation", "test")})
               for (task, name), r in runs.items() if name == "lr0.001_seed0.json"}
-    assert counts == {"msmarco": {"validation": (6, 20), "test": (4, 20)},  # 10 queries x 2 documents
-                      "nq": {"validation": (4, 18), "test": (5, 18)},  # round(4.5) = 4 of 9
-                      "mldr_en": {"validation": (5, 16), "test": (3, 16)}}
+    assert counts == {"msmarco": {"validation": (3, 7), "test": (2, 7)},  # 7 judged documents, 5 relevant
+                      "nq": {"validation": (2, 5), "test": (2, 5)},  # round(4 / 2) of 4 queries
+                      "mldr_en": {"validation": (2, 3), "test": (1, 3)}}  # the 3 positives
     for task in ("msmarco", "nq", "mldr_en"):
         mine = [r for (t, _), r in runs.items() if t == task]
         best = max(sorted({r["learning_rate"] for r in mine}), key=lambda lr: (

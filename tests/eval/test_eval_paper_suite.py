@@ -1,17 +1,15 @@
 """The paper's evaluation protocol (EncodEval): splits, optimiser, budgets, length, retrieval trained once and
-tested on three sets — and `tools/evaluate.py --suite paper` on local fixtures of all four families."""
-import json
+tested on three sets (the whole suite from its sources: test_paper_sources.py)."""
 import random
 
 import pytest
 import torch
-from eval_fixtures import make_task_folder, retrieval_rows, write_jsonl
+from eval_fixtures import make_task_folder, write_jsonl
 
 from mlmclm.eval.presets import PAPER_TASKS, paper_suite
 from mlmclm.eval.protocol import ProtocolConfig
 from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task, paper_validation_split
 from mlmclm.eval.training import FinetuneConfig, budget_steps, default_max_length, make_optimizer
-from tools.evaluate import main as evaluate
 
 
 def test_validation_is_five_percent_of_train_as_datasets_splits_it():
@@ -62,47 +60,16 @@ def test_encodeval_optimiser_budgets_and_length(tiny_model_dir):
 
 
 def test_suite_has_the_papers_13_tasks():
-    specs = paper_suite(data_root="/data")
+    specs = paper_suite()  # the hub path: specs need no network, only loading does
     names = [s.name for s in specs] + [t for s in specs for t in s.extra_tests]
     assert sorted(names) == sorted(["sst2", "mnli", "qqp", "conll2003", "ontonotes5", "uner_en", "squad",
                                     "squad_v2", "qed", "record", "msmarco", "nq", "mldr_en"])
     msmarco = next(s for s in specs if s.name == "msmarco")
     assert (msmarco.query_prefix, msmarco.document_prefix) == ("Query: ", "Document: ")
     assert all(s.max_length is None for s in specs)
-    assert {s.name: s.split_protocol for s in specs if s.split_protocol != "paper"} == {"msmarco": "official"}
+    assert {s.name: s.split_protocol for s in specs if s.split_protocol != "paper"} == {
+        "msmarco": "official", "conll2003": "official", "ontonotes5": "official", "uner_en": "official"}
+    assert all(s.source == s.name and s.path is None for s in specs)
     assert {t: f["split_protocol"] for t, f in msmarco.extra_tests.items()} == {"nq": "seeded_halves",
                                                                                  "mldr_en": "official"}
-    with pytest.raises(ValueError, match="convert it to the token_classification schema"):
-        paper_suite(names=["ontonotes5"])  # no hub loader: local data needed
     assert len(PAPER_TASKS) == 11
-
-
-def test_suite_paper_runs_on_local_fixtures_of_all_four_families(tmp_path, tiny_model_dir, capsys):
-    root = tmp_path / "paper"
-    for task, family in (("sst2", "classification"), ("conll2003", "token_classification"), ("squad_v2", "qa")):
-        make_task_folder(root / task, family, sizes=(40, 0, 12))
-        (root / task / "validation.jsonl").unlink()
-        (root / task / "test.jsonl").rename(root / task / "validation.jsonl")  # the official validation
-    make_task_folder(root / "msmarco", "retrieval", sizes=(40, 8, 8))  # train pairs, BEIR dev and test qrels
-    rng = random.Random(3)
-    nq = [{**row, "id": f"test{i}"} for i, row in enumerate(retrieval_rows(10, rng))]  # one row per BEIR query
-    write_jsonl(root / "nq" / "test.jsonl", nq)
-    for split in ("validation", "test"):
-        write_jsonl(root / "mldr_en" / f"{split}.jsonl", retrieval_rows(6, rng))
-    out = tmp_path / "out"
-    rc = evaluate(["grid", "--model", f"tiny={tiny_model_dir}", "--data-root", str(root), "--task", "sst2",
-                   "--task", "conll2003", "--task", "squad_v2", "--task", "msmarco", "--lrs", "1e-3", "--seeds", "0",
-                   "--max-steps", "3", "--batch-size", "8", "--output", str(out)])
-    assert rc == 0, capsys.readouterr().err
-    summary = json.loads((out / "summary.json").read_text())
-    tasks = {t["task"]: t for t in summary["tasks"]}
-    assert set(tasks) == {"sst2", "conll2003", "squad_v2", "msmarco", "nq", "mldr_en"}
-    families = {f["family"]: f for f in summary["families"]}
-    assert set(families) == {"classification", "token_classification", "qa", "retrieval"}
-    assert families["retrieval"]["tasks"] == ["mldr_en", "msmarco", "nq"]
-    runs = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs" / "tiny").glob("*/*.json")}
-    assert runs["sst2"]["steps"] == 3 and runs["conll2003"]["steps"] == 5  # TC: one epoch of 38 rows at 8
-    tc = runs["conll2003"]  # EncodEval's score is the main metric; seqeval's entity F1 is reported beside it
-    assert tc["main_metric"] == "sentence_macro_f1" and set(tc["test"]) == {"entity_f1", "sentence_macro_f1"}
-    assert runs["nq"]["extra"]["trained_on"] == "msmarco" and runs["nq"]["fingerprint"] == runs["msmarco"]["fingerprint"]
-    assert "5 % of train" in " ".join(runs["sst2"]["extra"]["notes"])
