@@ -12,7 +12,8 @@ Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainC
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
 A local launch checks every data_path first: tiny recipes pack the embedded corpus at their default path, elsewhere
 only with --prepare-data, and never into a non-empty directory. A failed task's own error is printed here; a task
-that stopped for a preemption after saving exits 75 (run the same command again to resume).
+that stopped for a preemption after saving exits 75 (run the same command again to resume). Ctrl-C on a local launch
+stops it the same way (save at the next step boundary) and exits 130; a finished run starts nothing and exits 0.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 
 from mlmclm import quiet
 from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
+from recipes.interrupt import INTERRUPTED_EXIT_CODE
 
 
 def parse_args(argv: list[str] | None):
@@ -93,13 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except launch.TaskInterruptedError as err:
+        print(str(err), file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except launch.TaskPreemptedError as err:
         print(str(err), file=sys.stderr)
         return PREEMPTED_EXIT_CODE
     except launch.TaskFailedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"experiment directory: {exp._exp_dir}")
+    if exp is not None:  # None: every task had already finished, nothing was started
+        print(f"experiment directory: {exp._exp_dir}")
     return 0
 
 

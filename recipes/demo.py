@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     console = sys.stdout
 
     from mlmclm.data.tokenizer import load_tokenizer
-    from recipes.launch import TaskFailedError, build, launch
+    from recipes.interrupt import INTERRUPTED_EXIT_CODE
+    from recipes.launch import TaskFailedError, TaskInterruptedError, build, launch
     from recipes.progress import RunProgress
     from recipes.tiny import prepare_tiny_data
 
@@ -217,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launch([("tiny_clm_mlm", partial)], "local", base_dir=str(out / "nemo_experiments"), console_log=log_file,
                progress=False)
+    except TaskInterruptedError as err:  # Ctrl-C: the run saved (recipes.interrupt); `make demo` again resumes it
+        print(f"{err}\n(make demo again resumes the training and redoes the later stages)", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except TaskFailedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -319,5 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def interruptible_main(argv: list[str] | None = None) -> int:
+    """Ctrl-C outside the training (packing, export, fill-mask, fine-tuning: all in this process) ends the demo
+    without a traceback; a finished training run is reused by the next `make demo`."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("\nstopped (Ctrl-C); make demo again reuses the finished stages' run and redoes the rest",
+              file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interruptible_main())

@@ -25,8 +25,10 @@ from invoke.exceptions import UnexpectedExit
 from mlmclm.config_io import parse_value
 from mlmclm.data.manifest import MANIFEST_NAME
 from recipes import registry
-from recipes.base import validate
-from recipes.progress import RunProgress
+from recipes.base import validate, world_size
+from recipes.interrupt import LocalInterrupt, no_new_tasks
+from recipes.plan import training_plan
+from recipes.progress import RunProgress, checkpointed_step, finished_step
 
 EXECUTORS = ("local", "slurm")
 
@@ -162,7 +164,7 @@ def init_from_param(name: str, first: run.Partial) -> dict:
 def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_options: dict | None = None,
            title: str | None = None, dryrun: bool = False, detach: bool = False,
            base_dir: str | None = None, console_log: str | Path | None = None, progress: bool = True
-           ) -> run.Experiment:
+           ) -> run.Experiment | None:
     """Run `tasks` as one `run.Experiment`, each task depending on the previous one (a chain when > 1).
 
     On Slurm the dependency is `afterok`: the next job starts only if the previous one finished (a preempted run
@@ -171,15 +173,25 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     `console_log`: NeMo-Run's own console output (banners, status, hints) goes to this file instead.
     Locally each run's progress is printed (`recipes.progress`) unless `progress` is False.
     A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log.
+    A finished run (or segment) is not launched: None when every task has finished, before any process starts.
+    Locally, Ctrl-C stops the runs as a preemption does (`recipes.interrupt`): `TaskInterruptedError` then says
+    which step each saved.
     """
     title = title or tasks[0][0]
     slurm = executor_kind == "slurm"
     console = sys.stdout  # before NeMo-Run's output is sent to `console_log`
+    if not dryrun and not (tasks := unfinished(tasks, console if progress else None)):
+        return None
+    interrupt = LocalInterrupt(os.fdopen(os.dup(2), "w")) if not (slurm or detach or dryrun) else None
+    if dryrun:
+        for name, partial in tasks:
+            print(f"=== task {name}: the training plan\n{training_plan(validate(partial), world_size(partial))}",
+                  file=console, flush=True)
     # locally, the runs' progress from their metrics.jsonl (NeMo-Run shows only the task's status); the experiment
     # waits for its tasks when its block exits
     watching = [RunProgress(run_dir_of(partial), partial.config.total_steps, console) for _, partial in tasks] \
         if progress and not (slurm or detach or dryrun) else []
-    with _console_to(console_log), _watched(watching):
+    with _console_to(console_log), _watched(watching), _interruptible(interrupt):
         # Slurm: submitted detached and followed with scontrol (NeMo-Run's own wait and status need sacct).
         with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
             previous = None
@@ -187,14 +199,17 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
                 executor = make_executor(executor_kind, partial, executor_options)
                 previous = exp.add(partial, executor=executor, name=name,
                                    dependencies=[previous] if previous else None)
-            if dryrun:
-                exp.dryrun(log=not slurm, delete_exp_dir=False)
+            if dryrun:  # NeMo-Run's own dump (an 80-column torchx structure) is replaced by print_local_dryrun
+                exp.dryrun(log=False, delete_exp_dir=False)
             else:
                 try:
                     exp.run(detach=detach or slurm, tail_logs=False)
                 except UnexpectedExit as err:  # sbatch (through NeMo-Run's tunnel) refused the script
                     raise TaskFailedError(f"submission failed: {err.result.command}: "
                                           f"{(err.result.stderr or err.result.stdout).strip()}") from None
+        if dryrun and not slurm:
+            print_local_dryrun(exp, console)
+            return exp
         if slurm:
             if dryrun:
                 print_slurm_dryrun(exp)
@@ -205,6 +220,8 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
         else:
             statuses = {} if dryrun or detach else exp.status(return_dict=True)
     failed = {name: str(info["status"]) for name, info in statuses.items() if str(info["status"]) != "SUCCEEDED"}
+    if failed and interrupt is not None and interrupt.requested:
+        raise TaskInterruptedError(interrupted_report(list(failed), {n: run_dir_of(p) for n, p in tasks}))
     if failed:
         if message := preemption_report(list(failed), {name: run_dir_of(partial) for name, partial in tasks}):
             raise TaskPreemptedError(message)
@@ -219,6 +236,49 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
         raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed; logs under {exp._exp_dir}\n"
                               + "\n".join(reports))
     return exp
+
+
+def unfinished(tasks: list[tuple[str, run.Partial]], console) -> list[tuple[str, run.Partial]]:
+    """The tasks with steps left to train; each finished one is named on `console` (None: not named) — its
+    processes never start, so a re-run of a finished run returns at once."""
+    left = []
+    for name, partial in tasks:
+        cfg = partial.config
+        step = finished_step(run_dir_of(partial), cfg.total_steps, cfg.checkpoint.stop_at)
+        if step is None:
+            left.append((name, partial))
+        else:
+            what = "the segment (checkpoint.stop_at)" if step < cfg.total_steps else "the run"
+            if console is not None:
+                print(f"{run_dir_of(partial)}: {what} already finished at step {step}; nothing to train (delete "
+                      f"the directory to train again)", file=console, flush=True)
+    return left
+
+
+@contextlib.contextmanager
+def _interruptible(interrupt: LocalInterrupt | None):
+    if interrupt is None:
+        yield
+        return
+    with interrupt, no_new_tasks(interrupt):
+        yield
+
+
+def interrupted_report(failed: list[str], run_dirs: dict[str, str]) -> str:
+    """After Ctrl-C: for each task that did not finish, the step it saved (or that it saved nothing new)."""
+    lines = []
+    for name in failed:
+        state, saved = run_status(run_dirs[name]), checkpointed_step(Path(run_dirs[name]))
+        if state.get("status") == "preempted":
+            lines.append(f"stopping: saved step {state.get('step')} in {run_dirs[name]} — run the same command to "
+                         f"resume")
+        elif saved is None:
+            lines.append(f"stopped: {name} had saved no checkpoint yet (nothing to resume; the same command starts "
+                         f"it afresh)")
+        else:
+            lines.append(f"stopped: {name} stopped before saving again; its last checkpoint is step {saved} in "
+                         f"{run_dirs[name]} — run the same command to resume")
+    return "\n".join(lines)
 
 
 def slurm_jobs(exp: run.Experiment) -> dict[str, str]:
@@ -243,6 +303,19 @@ def follow_slurm(exp: run.Experiment, detach: bool) -> tuple[dict[str, str], dic
     states = wait_for_jobs(jobs, log=lambda line: print(line, flush=True))
     return jobs, {name: {"status": "SUCCEEDED" if s.state == "COMPLETED" else s.describe()}
                   for name, s in states.items()}
+
+
+def print_local_dryrun(exp: run.Experiment, console) -> None:
+    """For each task: the torchrun command NeMo-Run's local executor will run, with the environment it adds."""
+    for job in exp.jobs:
+        ex = job.executor
+        configs = sorted(Path(exp._exp_dir).glob(f"{job.id}/configs/*_fn_or_script"))
+        env = " ".join(f"{k}={v!r}" for k, v in sorted(ex.env_vars.items()) if k != "PATH")
+        print(f"=== task {job.id}: will execute (NeMo-Run's local executor; nothing started by --dryrun)\n"
+              f"torchrun --nnodes 1 --nproc-per-node {ex.ntasks_per_node} -m nemo_run.core.runners.fdl_runner -n "
+              f"{job.id} {configs[0] if configs else '<task config>'}\n"
+              f"environment added: {env} (and this Python's bin first on PATH); logs under {exp._exp_dir}",
+              file=console, flush=True)
 
 
 def print_slurm_dryrun(exp: run.Experiment) -> None:
@@ -272,6 +345,10 @@ class TaskFailedError(RuntimeError):
 
 class TaskPreemptedError(TaskFailedError):
     """Every failed task stopped for a preemption after saving (the ranks exit 75; NeMo-Run only sees "failed")."""
+
+
+class TaskInterruptedError(TaskFailedError):
+    """Ctrl-C stopped a local launch (recipes.interrupt); the message says what each task saved."""
 
 
 def preemption_report(failed: list[str], run_dirs: dict[str, str]) -> str | None:

@@ -19,6 +19,13 @@ def checkpointed_step(run_dir: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def finished_step(run_dir: str | Path, total_steps: int, stop_at: int | None) -> int | None:
+    """The checkpointed step when the run (or its segment, `checkpoint.stop_at`) has nothing left to train, else
+    None: the end `pretrain` would train to, min(total_steps, stop_at), is already saved."""
+    step = checkpointed_step(Path(run_dir))
+    return step if step is not None and step >= min(total_steps, stop_at or total_steps) else None
+
+
 def _last_row(metrics: Path) -> dict | None:
     if not metrics.exists():
         return None

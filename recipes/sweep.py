@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import fnmatch
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from mlmclm.train.branch import check_branch_plan
 from recipes import grid as grids
 from recipes import launch, registry
 from recipes.base import PAPER_RUN_ROOT, tokens_per_sample, validate
+from recipes.interrupt import INTERRUPTED_EXIT_CODE, LocalInterrupt
 from recipes.progress import checkpointed_step
 from recipes.tiny import TINY_RUN_ROOT
 
@@ -292,9 +294,13 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     the others start together; locally the jobs go one after the other in that order (which has every job after
     those it waits for). `base_dir`: where NeMo-Run keeps the experiment (default: its home)."""
     slurm = executor_kind == "slurm"
-    with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
+    jobs = launch_jobs(runs)
+    # locally, Ctrl-C stops the running job as a preemption does and starts no later one (recipes.interrupt)
+    interrupt = None if slurm or dryrun or detach else LocalInterrupt(os.fdopen(os.dup(2), "w"))
+    with launch._interruptible(interrupt), \
+            run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
         job_ids: dict[str, str] = {}
-        for job in launch_jobs(runs):
+        for job in jobs:
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
             depends = [job_ids[name] for name in job.after] if slurm and job.after else None
             job_ids[job.name] = exp.add(job.partial, executor=executor, name=job.name, dependencies=depends)
@@ -309,6 +315,9 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     if statuses:
         failed = {name: str(info["status"]) for name, info in statuses.items()
                   if str(info["status"]) != "SUCCEEDED"}
+        if failed and interrupt is not None and interrupt.requested:
+            raise launch.TaskInterruptedError(launch.interrupted_report(
+                list(failed), {job.name: job.partial.config.run_dir for job in jobs}))
         if failed:
             raise launch.TaskFailedError(f"experiment {exp._id}: run(s) did not succeed: {failed}; logs under "
                                          f"{exp._exp_dir}")
@@ -357,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except launch.TaskInterruptedError as err:
+        print(str(err), file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except launch.TaskFailedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
