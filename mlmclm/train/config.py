@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mlmclm import config_io
 from mlmclm.data.random_length import SampleLengths
+from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS, validate_chunk_tokens
 from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
@@ -145,6 +146,10 @@ class TrainConfig:
     # ModernBERT's "sparse prediction"): same loss and gradients as the full head (<= 1e-6 relative, tested on
     # every layout), ~60 % of the head's FLOPs saved at mask ratio 0.4. Ours; false = the head at every position.
     sparse_mlm_head: bool = True
+    # The output layer + cross entropy over this many tokens at a time (mlmclm.model.chunked_head): the
+    # [tokens, vocab] logits never exist beyond one chunk; same loss and gradients within float reassociation
+    # (tested on every layout), free to change on resume. 0 = megatron's output layer and loss on all the logits.
+    head_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     # megatron's fused kernels, each on only where its kernel exists for the spec in use (mlmclm.model.fusions);
     # false switches them all off (for comparing speed, or ruling a kernel out while debugging).
     fused_kernels: bool = True
@@ -164,6 +169,8 @@ class TrainConfig:
             raise ValueError("global_batch_size and micro_batch_size must be >= 1")
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be >= 1")
+        if self.head_chunk_tokens != 0:
+            validate_chunk_tokens(self.head_chunk_tokens)
         if self.manual_gc_interval < 0:
             raise ValueError(f"manual_gc_interval must be >= 0 (0 = automatic GC), got {self.manual_gc_interval}")
         lengths = self.data.random_length

@@ -282,7 +282,8 @@ class _Run:
                                  for mb in micro]
                 result = train_step(self.ddp, self.optimizer, self.scheduler, batches,
                                     sparse_head=cfg.sparse_mlm_head, documents=documents,
-                                    predicted_positions=predicted, stop_flag=stop.agreed_flag)
+                                    predicted_positions=predicted, stop_flag=stop.agreed_flag,
+                                    head_chunk_tokens=cfg.head_chunk_tokens)
                 self.iteration += 1
                 gc_control.step(self.iteration)
                 lengths = getattr(self.loader, "last_lengths", None)  # random-length samples: the real tokens

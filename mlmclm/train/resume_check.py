@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 FREE_ON_RESUME = ("run_dir", "data.path", "data.tokenizer", "data.skip_corrupt", "parallel", "micro_batch_size",
                   "checkpoint", "logging", "use_te", "max_consecutive_nonfinite", "manual_gc_interval",
-                  "sparse_mlm_head", "fused_kernels", "optimizer.distributed_optimizer",
+                  "sparse_mlm_head", "head_chunk_tokens", "fused_kernels", "optimizer.distributed_optimizer",
                   "optimizer.overlap_grad_reduce", "optimizer.overlap_param_gather", "deterministic",
                   "model.name", "validation")
 

@@ -13,6 +13,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mlmclm.model.chunked_head import ChunkedHead, chunked_head_loss
 from mlmclm.model.document_attention import (DocumentLayout, block_diagonal_mask, packed_seq_params,
                                              positions_end_to_end, rows_end_to_end)
 from mlmclm.model.sparse_head import flat_positions, select_labels, sparse_head_loss
@@ -74,24 +75,33 @@ def _loss_func(loss_mask: torch.Tensor, correct: torch.Tensor, token_losses: tor
     return loss_sum, count.to(torch.int), {"stats": stats}
 
 
-def _forward_step(data_iterator, model):
+def _forward_step(data_iterator, model, head_chunk_tokens: int = 0):
     batch, predicted, attention = next(data_iterator)
     seq = batch.input_ids.shape[1]
     positions = torch.arange(seq, device=batch.input_ids.device).unsqueeze(0).expand_as(batch.input_ids)
     if predicted is None:
-        # Full head: megatron returns per-token losses [b, s] (vocab-parallel CE on its [s, b, v] logits).
+        # Full head: per-token losses [b, s] (megatron's vocab-parallel CE on its [s, b, v] logits, or chunked).
         labels, loss_mask, head = batch.labels.clamp(min=0), batch.loss_mask, {}
     else:
         # Sparse head: the output layer and CE only at the labelled positions; losses [1, n], every one counted.
         labels = select_labels(batch.labels, predicted)
         loss_mask = torch.ones(labels.shape, dtype=batch.loss_mask.dtype, device=labels.device)
         head = {"output_processor": sparse_head_loss, "output_processor_context": predicted}
+    chunked = None
+    if head_chunk_tokens:
+        # The chunked head (mlmclm.model.chunked_head) over the same positions; it counts accuracy itself.
+        chunked = ChunkedHead(head_chunk_tokens, positions=predicted, loss_mask=None if predicted is not None
+                              else loss_mask)
+        head = {"output_processor": chunked_head_loss, "output_processor_context": chunked}
     tap = getattr(unwrap(model), "accuracy_tap", None)  # only on the chunk that holds the output layer
     if tap is not None:
         tap.labels, tap.loss_mask = labels, loss_mask
     output = model(batch.input_ids, positions, attention.get("attention_mask"), labels=labels,
                    packed_seq_params=attention.get("packed_seq_params"), **head)
-    return output, partial(_loss_func, loss_mask, tap.take() if tap is not None else None)
+    correct = chunked.correct if chunked is not None else None
+    if tap is not None:
+        correct = tap.take() if correct is None else correct
+    return output, partial(_loss_func, loss_mask, correct)
 
 
 def configure_model_for_schedules(ddp_chunks, optimizer) -> None:
@@ -128,13 +138,16 @@ def document_attention_inputs(batch: ObjectiveBatch, layout: DocumentLayout, thd
 
 def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_only: bool = False,
                      sparse_head: bool = True, documents: list[DocumentLayout] | None = None,
-                     predicted_positions: list[torch.Tensor] | None = None) -> torch.Tensor:
+                     predicted_positions: list[torch.Tensor] | None = None,
+                     head_chunk_tokens: int = 0) -> torch.Tensor:
     """Run the schedule; return [loss_sum, predicted_tokens, correct] summed over the global batch, on every rank.
 
     `sparse_head`: for bidirectional (MLM) batches, run the output layer and CE at labelled positions only (same
     loss and gradients as the full head, fewer FLOPs). Causal (CLM) batches always use the full head.
     `predicted_positions`: the sparse head's positions, `flat_positions` of the loss masks, found on the host
     before the batch went to the device; None finds them here (one read of the masks from the device).
+    `head_chunk_tokens`: run the output layer + CE over this many tokens at a time (mlmclm.model.chunked_head;
+    same positions, same loss within float reassociation); 0 = megatron's own output layer and loss.
     `documents`: one layout per micro-batch for per-document attention; None attends across documents."""
     predicted = [None] * len(micro_batches)
     if sparse_head and not micro_batches[0].causal:
@@ -156,7 +169,7 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
     else:
         iterators = iter(items)
     outputs = get_forward_backward_func()(
-        forward_step_func=_forward_step,
+        forward_step_func=partial(_forward_step, head_chunk_tokens=head_chunk_tokens),
         data_iterator=iterators,
         model=ddp_chunks if len(ddp_chunks) > 1 else ddp_chunks[0],
         num_microbatches=len(micro_batches),
@@ -177,7 +190,7 @@ def forward_backward(ddp_chunks, micro_batches: list[ObjectiveBatch], forward_on
 def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBatch],
                sparse_head: bool = True, documents: list[DocumentLayout] | None = None,
                predicted_positions: list[torch.Tensor] | None = None,
-               stop_flag: Callable[[], torch.Tensor] | None = None) -> StepResult:
+               stop_flag: Callable[[], torch.Tensor] | None = None, head_chunk_tokens: int = 0) -> StepResult:
     """One step, with one host read: the loss statistics, the squared gradient norm (the non-finite guard,
     `guarded_update`) and the agreed stop flag (`stop_flag()`, launched just before the read) come back together;
     the update is made only when the loss and the norm are finite."""
@@ -185,7 +198,7 @@ def train_step(ddp_chunks, optimizer, scheduler, micro_batches: list[ObjectiveBa
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     stats = forward_backward(ddp_chunks, micro_batches, sparse_head=sparse_head, documents=documents,
-                             predicted_positions=predicted_positions)
+                             predicted_positions=predicted_positions, head_chunk_tokens=head_chunk_tokens)
     prepare_main_grads(optimizer)
     read = [stats, squared_grad_norm(optimizer).to(stats.dtype).reshape(1)]
     if stop_flag is not None:

@@ -106,7 +106,8 @@ class Validator:
                         ddp_chunks, [batch.to(self.device) for batch in batches], forward_only=True,
                         sparse_head=self.cfg.sparse_mlm_head, documents=layouts,
                         predicted_positions=None if predicted is None else [to_device(p, self.device)
-                                                                            for p in predicted])
+                                                                            for p in predicted],
+                        head_chunk_tokens=self.cfg.head_chunk_tokens)
                     loss_sum, count, correct = stats.tolist()
                     results[f"val/{kind}/loss"] = loss_sum / max(count, 1)
                     results[f"val/{kind}/accuracy"] = correct / max(count, 1)

@@ -3,7 +3,9 @@
 Four real processes over gloo (megatron-core with the CPU emulation) run each layout in turn; rank 0 also
 computes the TP=PP=DP=1 reference with Hugging Face's EuroBERT (MLM) / Llama (CLM) and torch's AdamW.
 MLM runs the sparse head (output layer and CE at masked positions only); at every layout its loss and gradients
-are also compared with the full head's on the same model.
+are also compared with the full head's on the same model. The chunked head (mlmclm.model.chunked_head; CLM at
+every position, MLM at the masked ones) is compared with megatron's head on the same model at every layout, and
+makes the distributed optimizer's update.
 """
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,7 @@ WORLD = 4
 SHAPE = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
                     vocab_size=256, max_position_embeddings=64, make_vocab_divisible_by=64)
 GLOBAL_BATCH, MICRO_BATCH, SEQ = 8, 2, 16
+CHUNK = 5  # tokens per chunk of the chunked head: several chunks per micro-batch (32 tokens, ~10 masked), ragged
 LAYOUTS = {
     "tp1pp1dp4": ParallelConfig(),
     "tp2dp2": ParallelConfig(tensor_parallel=2),
@@ -121,12 +124,18 @@ def _worker(out_path):
                         results[(name, kind, "full_head_grads")] = gather_full(ddp, "grad")
                         for chunk in ddp:
                             chunk.zero_grad_buffer()
+                    stats = forward_backward(ddp, micro, head_chunk_tokens=CHUNK)
+                    results[(name, kind, "chunked_loss")] = (stats[0] / stats[1]).item()
+                    results[(name, kind, "chunked_counts")] = stats[1:].tolist()
+                    results[(name, kind, "chunked_grads")] = gather_full(ddp, "grad")
+                    for chunk in ddp:
+                        chunk.zero_grad_buffer()
                     stats = forward_backward(ddp, micro)
                     results[(name, kind, "loss")] = (stats[0] / stats[1]).item()
                     results[(name, kind, "counts")] = stats[1:].tolist()
                     results[(name, kind, "grads")] = gather_full(ddp, "grad")
                 else:
-                    step = train_step(ddp, optimizer, scheduler, micro)
+                    step = train_step(ddp, optimizer, scheduler, micro, head_chunk_tokens=CHUNK)
                     results[(name, kind, "step_loss")] = step.loss
                     results[(name, kind, "grad_norm")] = step.grad_norm
                     results[(name, kind, "weights")] = gather_full(ddp, "weight")
@@ -165,6 +174,12 @@ def test_every_layout_matches_single_process_reference(tmp_path):
             assert _max_diff(results[(name, kind, "weights")], ref["weights"]) < 1e-5, (name, kind)
             # The norm train_step clips by (and guards with): Adam hides a wrong one in the weights.
             assert abs(results[(name, kind, "grad_norm")] - ref["grad_norm"]) <= 1e-5 * ref["grad_norm"], (name, kind)
+            # The chunked head against megatron's on the same model and layout: loss, accuracy, gradients.
+            chunked, megatron_head = results[(name, kind, "chunked_loss")], results[(name, kind, "loss")]
+            assert abs(chunked - megatron_head) <= 1e-6 * abs(megatron_head), (name, kind)
+            assert results[(name, kind, "chunked_counts")] == results[(name, kind, "counts")], (name, kind)
+            assert _max_diff(results[(name, kind, "chunked_grads")], results[(name, kind, "grads")]) < 1e-5, \
+                (name, kind)
         if kind == "mlm":
             for name in LAYOUTS:
                 full = results[(name, kind, "full_head_loss")]

@@ -70,7 +70,7 @@ def test_layout_logging_and_checkpointing_may_change(tmp_path):
     changed["optimizer"]["overlap_grad_reduce"] = not changed["optimizer"]["overlap_grad_reduce"]
     changed["optimizer"]["overlap_param_gather"] = not changed["optimizer"]["overlap_param_gather"]
     changed["manual_gc_interval"] = 0
-    changed["sparse_mlm_head"], changed["fused_kernels"] = False, False
+    changed["sparse_mlm_head"], changed["fused_kernels"], changed["head_chunk_tokens"] = False, False, 0
     _check(saved, changed)
 
 
