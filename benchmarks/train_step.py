@@ -4,21 +4,29 @@ EuroBertForMaskedLM with torch.optim.AdamW: same shape, weights, batch, sequence
 
     python benchmarks/train_step.py                                  # hidden 256, 4 layers, seq 256, batch 8
     python benchmarks/train_step.py --hidden 512 --layers 8 --rounds 5
-    python benchmarks/train_step.py --vocab 128256 --columns ours ours-full hf-sdpa   # the paper's vocabulary
+    python benchmarks/train_step.py --vocab 128256 --batch 4 --steps 3 --rounds 5 \
+        --columns ours ours-sparse ours-full hf-sdpa clm-chunked clm-full      # the paper's vocabulary
 
 Each side lives in its own worker process, so the CPU emulation that megatron needs here (a TorchFunctionMode
 that sees every torch call, `mlmclm/parallel/cpu_emulation.py`) is installed only where it belongs. The parent
 alternates the workers round by round (only one computes at a time) and takes each side's fastest round (as timeit
 does: other load on the machine only ever slows a round down), with the median printed too. Columns:
-  ours             `mlmclm.train.step.train_step` (megatron schedules, DDP, megatron AdamW + clipping); MLM's
-                   output layer and cross entropy run at the masked positions only (the sparse head)
-  ours-full        the same with the head over every position (`sparse_head=False`), as before the sparse head
+  ours             `mlmclm.train.step.train_step` (megatron schedules, DDP, megatron AdamW + clipping) as training
+                   runs it by default: MLM's output layer and cross entropy at the masked positions only (the
+                   sparse head), chunked (`mlmclm.model.chunked_head`, `--chunk-tokens` tokens at a time)
+  ours-sparse      the sparse head with megatron's output layer and loss on all its logits (`head_chunk_tokens=0`)
+  ours-full        megatron's head over every position (`sparse_head=False`), as before the sparse head
+  clm-chunked      a CLM step (causal model and objective, every position predicted) with the chunked head
+  clm-full         the same CLM step with megatron's head: the [tokens, vocab] logits and its loss's fp32 passes
   hf-sdpa          HF model (its default SDPA attention), CE over masked positions, clip, torch AdamW
   hf-eager         the same with HF's eager attention (matmul + softmax, like megatron's local attention on CPU)
   hf-eager+emu     hf-eager with the CPU emulation installed: what the TorchFunctionMode alone costs
-Step-1 losses of all columns must agree (same weights and batch), which the script checks. Goal: ours >= 1.0x.
-"peak MiB" is each worker process's peak resident memory (model build included; the logits dominate it at large
-vocabularies).
+Step-1 losses of all MLM columns must agree (same weights and batch), and those of the CLM columns among
+themselves, which the script checks. Goals at vocab 128256: ours >= 1.5x hf-sdpa (fastest and median rounds), and
+clm-chunked's step peak below clm-full's by at least half the bytes of the step's [tokens, vocab] fp32 logits.
+"step MiB" is each worker's peak resident memory during the timed rounds (VmHWM, reset before them through
+/proc/self/clear_refs; the model and optimizer state included, so compare columns); "peak MiB" the whole
+process's, model build included.
 """
 from __future__ import annotations
 
@@ -31,7 +39,8 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 
-COLUMNS = ("ours", "ours-full", "hf-sdpa", "hf-eager", "hf-eager+emu")
+COLUMNS = ("ours", "ours-sparse", "ours-full", "hf-sdpa", "hf-eager", "hf-eager+emu", "clm-chunked", "clm-full")
+CLM_COLUMNS = ("clm-chunked", "clm-full")
 SPECIAL_IDS, MASK_ID = [0, 1, 2, 3], 3
 
 
@@ -51,6 +60,7 @@ class BenchConfig:
     rounds: int = 3
     threads: int = 0    # torch threads per worker; 0 = torch's default (the machine's cores)
     seed: int = 0
+    chunk_tokens: int = 0  # the chunked head's tokens per chunk; 0 = the training default (DEFAULT_CHUNK_TOKENS)
 
 
 def model_config(cfg: BenchConfig):
@@ -77,13 +87,13 @@ def hf_model(cfg: BenchConfig, attention: str):
     return EuroBertForMaskedLM(hf_cfg)
 
 
-def masked_batches(cfg: BenchConfig):
-    """Two distinct MLM batches (random tokens), identical in every worker."""
+def masked_batches(cfg: BenchConfig, kind: str = "mlm"):
+    """Two distinct MLM (or CLM) batches (random tokens), identical in every worker."""
     import torch
 
     from mlmclm.objectives import ObjectiveConfig, build_objective
 
-    objective = build_objective(ObjectiveConfig("mlm", mask_ratio=cfg.mask_ratio), special_token_ids=SPECIAL_IDS,
+    objective = build_objective(ObjectiveConfig(kind, mask_ratio=cfg.mask_ratio), special_token_ids=SPECIAL_IDS,
                                 mask_token_id=MASK_ID, vocab_size=cfg.vocab, seed=cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     out = []
@@ -93,7 +103,13 @@ def masked_batches(cfg: BenchConfig):
     return out
 
 
-def ours_stepper(cfg: BenchConfig, sparse_head: bool = True):
+def chunk_tokens(cfg: BenchConfig) -> int:
+    from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
+
+    return cfg.chunk_tokens or DEFAULT_CHUNK_TOKENS
+
+
+def ours_stepper(cfg: BenchConfig, sparse_head: bool = True, head_chunk_tokens: int = 0, causal: bool = False):
     from mlmclm.model import build_model
     from mlmclm.model.hf_mapping import hf_to_megatron
     from mlmclm.model.weights import load_full_weights
@@ -105,14 +121,15 @@ def ours_stepper(cfg: BenchConfig, sparse_head: bool = True):
     init_parallel(ParallelConfig(), seed=cfg.seed)
     reference = hf_model(cfg, "eager")
     weights = dict(hf_to_megatron(reference.state_dict().__getitem__, shape, shape.padded_vocab_size(1)))
-    chunks = build_model(shape, ParallelConfig(), causal=False)
+    chunks = build_model(shape, ParallelConfig(), causal=causal)
     load_full_weights(chunks, weights.__getitem__)
     opt_cfg = OptimizerConfig()
     ddp = wrap_ddp(chunks, opt_cfg.distributed_optimizer, opt_cfg.overlap_grad_reduce, opt_cfg.overlap_param_gather)
     optimizer = build_optimizer(ddp, opt_cfg)
     scheduler = build_scheduler(optimizer, opt_cfg, ScheduleConfig(style="constant"), total_steps=10**6)
     configure_model_for_schedules(ddp, optimizer)
-    return lambda batch: train_step(ddp, optimizer, scheduler, [batch], sparse_head=sparse_head).loss
+    return lambda batch: train_step(ddp, optimizer, scheduler, [batch], sparse_head=sparse_head,
+                                    head_chunk_tokens=head_chunk_tokens).loss
 
 
 def hf_stepper(cfg: BenchConfig, attention: str):
@@ -153,29 +170,52 @@ def worker(column: str, cfg: BenchConfig, conn) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        if column in ("ours", "ours-full"):
-            step = ours_stepper(cfg, sparse_head=column == "ours")
+        if column.startswith(("ours", "clm-")):
+            chunked = column in ("ours", "clm-chunked")
+            step = ours_stepper(cfg, sparse_head=column != "ours-full",
+                                head_chunk_tokens=chunk_tokens(cfg) if chunked else 0, causal=column in CLM_COLUMNS)
         else:
             if column.endswith("+emu"):
                 from mlmclm.parallel import cpu_emulation
 
                 cpu_emulation.install()
             step = hf_stepper(cfg, "sdpa" if column == "hf-sdpa" else "eager")
-        batches = masked_batches(cfg)
+        batches = masked_batches(cfg, "clm" if column in CLM_COLUMNS else "mlm")
         first_loss = step(batches[0])
         for i in range(1, cfg.warmup):
             step(batches[i % 2])
         conn.send(("ready", (first_loss, torch.get_num_threads())))
+        step_peak_reset = reset_peak_rss()
         while conn.recv() == "round":
             start, cpu_start = time.perf_counter(), time.process_time()
             for i in range(cfg.steps):
                 step(batches[i % 2])
             peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-            conn.send(("round", (time.perf_counter() - start, time.process_time() - cpu_start, peak_mib)))
+            step_mib = peak_rss_mib() if step_peak_reset else float("nan")
+            conn.send(("round", (time.perf_counter() - start, time.process_time() - cpu_start, peak_mib, step_mib)))
     except Exception as err:  # the parent reports it
         import traceback
 
         conn.send(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set (Linux: "5" to /proc/self/clear_refs); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """VmHWM, the peak resident set since the last reset, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    return float("nan")
 
 
 def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
@@ -187,7 +227,7 @@ def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
         proc.start()
         workers[column] = (proc, parent)
     first_loss, threads, rounds, cpu = {}, {}, {c: [] for c in columns}, {c: [] for c in columns}
-    peak_mib = {}
+    peak_mib, step_mib = {}, {}
     try:
         for column, (_, conn) in workers.items():  # workers build in parallel; warm-up is awaited here
             kind, value = conn.recv()
@@ -203,6 +243,7 @@ def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
                 rounds[column].append(value[0])
                 cpu[column].append(value[1])
                 peak_mib[column] = value[2]
+                step_mib[column] = max(step_mib.get(column, 0.0), value[3])
     finally:
         for proc, conn in workers.values():
             try:
@@ -216,7 +257,8 @@ def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
     # Process CPU time (all threads) is a second view that other load on the machine disturbs less.
     per_cpu_s = {c: tokens / min(r) for c, r in cpu.items()}
     return {"config": asdict(cfg), "tokens_per_s": tok_s, "tokens_per_s_median": median, "round_seconds": rounds,
-            "tokens_per_cpu_s": per_cpu_s, "first_loss": first_loss, "threads": threads, "peak_rss_mib": peak_mib}
+            "tokens_per_cpu_s": per_cpu_s, "first_loss": first_loss, "threads": threads, "peak_rss_mib": peak_mib,
+            "step_peak_rss_mib": step_mib}
 
 
 def main(argv=None) -> int:
@@ -243,17 +285,36 @@ def main(argv=None) -> int:
     ours, ours_med = result["tokens_per_s"]["ours"], result["tokens_per_s_median"]["ours"]
     ours_cpu = result["tokens_per_cpu_s"]["ours"]
     print(f"{'column':<14}{'tokens/s':>10}{'(median)':>10}{'ours/this':>11}{'(median)':>10}{'tok/CPU-s':>11}"
-          f"{'ours/this':>11}{'peak MiB':>10}{'step-1 loss':>13}  rounds (s)")
+          f"{'ours/this':>11}{'step MiB':>10}{'peak MiB':>10}{'step-1 loss':>13}  rounds (s)")
     for column in columns:
         tok, med = result["tokens_per_s"][column], result["tokens_per_s_median"][column]
         per_cpu = result["tokens_per_cpu_s"][column]
         rounds = " ".join(f"{s:.2f}" for s in result["round_seconds"][column])
-        print(f"{column:<14}{tok:>10.0f}{med:>10.0f}{ours / tok:>10.2f}x{ours_med / med:>9.2f}x{per_cpu:>11.0f}"
-              f"{ours_cpu / per_cpu:>10.2f}x{result['peak_rss_mib'][column]:>10.0f}"
-              f"{result['first_loss'][column]:>13.5f}  {rounds}")
-    spread = max(result["first_loss"].values()) - min(result["first_loss"].values())
-    print(f"step-1 loss spread {spread:.2e} (tolerance {atol}); total {time.perf_counter() - start:.0f} s")
-    if spread > atol:
+        if column in CLM_COLUMNS:  # another objective: its speed is not comparable with ours (MLM)
+            ratios = f"{'':>11}{'':>10}{per_cpu:>11.0f}{'':>11}"
+        else:
+            ratios = f"{ours / tok:>10.2f}x{ours_med / med:>9.2f}x{per_cpu:>11.0f}{ours_cpu / per_cpu:>10.2f}x"
+        print(f"{column:<14}{tok:>10.0f}{med:>10.0f}{ratios}{result['step_peak_rss_mib'][column]:>10.0f}"
+              f"{result['peak_rss_mib'][column]:>10.0f}{result['first_loss'][column]:>13.5f}  {rounds}")
+    failed = False
+    for group in ([c for c in columns if c not in CLM_COLUMNS], [c for c in columns if c in CLM_COLUMNS]):
+        if len(group) < 2:
+            continue
+        spread = max(result["first_loss"][c] for c in group) - min(result["first_loss"][c] for c in group)
+        print(f"step-1 loss spread {spread:.2e} over {', '.join(group)} (tolerance {atol})")
+        failed |= spread > atol
+    if "hf-sdpa" in columns:
+        fastest = ours / result["tokens_per_s"]["hf-sdpa"]
+        median = ours_med / result["tokens_per_s_median"]["hf-sdpa"]
+        print(f"goal ours >= 1.5x hf-sdpa: fastest {fastest:.2f}x, median {median:.2f}x: "
+              f"{'met' if min(fastest, median) >= 1.5 else 'NOT met'}")
+    if set(CLM_COLUMNS) <= set(columns):
+        logits_mib = cfg.batch * cfg.seq * model_config(cfg).padded_vocab_size(1) * 4 / 2**20
+        saved = result["step_peak_rss_mib"]["clm-full"] - result["step_peak_rss_mib"]["clm-chunked"]
+        print(f"goal clm-chunked's step peak >= {logits_mib / 2:.0f} MiB (half the {logits_mib:.0f} MiB fp32 "
+              f"[tokens, vocab] logits) below clm-full's: {saved:.0f} MiB: {'met' if saved >= logits_mib / 2 else 'NOT met'}")
+    print(f"chunked head: {chunk_tokens(cfg)} tokens per chunk; total {time.perf_counter() - start:.0f} s")
+    if failed:
         print("FAIL: the columns did not train the same model on the same batch")
         return 1
     return 0

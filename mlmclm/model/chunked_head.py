@@ -3,7 +3,8 @@
 At the paper's 128,256-token vocabulary the `[tokens, vocab]` logits dwarf everything else a step holds (5.8 GB in
 bf16 at 22.5k tokens, before the fp32 copies megatron's loss makes and the logits' gradient). `ChunkedLinearCE`
 runs the output layer and the cross entropy over `chunk_tokens` rows at a time: the forward keeps, per token,
-only the max logit and the sum of exponentials (two fp32 numbers); the backward recomputes each chunk's logits
+only the log of the softmax's normaliser (max + log of the sum of exponentials, one fp32 number); the backward
+recomputes each chunk's logits
 from the hidden states and the weight, turns them into the softmax gradient and multiplies it out at once. So no
 tensor larger than `[chunk_tokens, vocab / tp]` fp32 ever exists, at the price of one more output-layer matmul
 (the recomputation) per step.
@@ -66,11 +67,11 @@ class ChunkedLinearCE(torch.autograd.Function):
         n = hidden.shape[0]
         losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
         correct = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        logits_max = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        sum_exp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        log_normaliser = torch.empty(n, dtype=torch.float32, device=hidden.device)  # max + log(sum of exp)
+        chunk = _ChunkBuffers(min(chunk_tokens, n), weight)
         for lo in range(0, n, chunk_tokens):
             hi = min(lo + chunk_tokens, n)
-            logits = (hidden[lo:hi] @ weight.t()).float()  # [c, v/tp]; fresh, so free to overwrite in place
+            logits = chunk.logits(hidden[lo:hi], weight)  # [c, v/tp] fp32, this chunk's buffer
             row_max = logits.max(dim=-1).values
             _all_reduce(row_max, dist.ReduceOp.MAX, group, world)
             logits -= row_max.unsqueeze(-1)
@@ -80,43 +81,73 @@ class ChunkedLinearCE(torch.autograd.Function):
             both = torch.stack([picked, logits.sum(dim=-1)])
             _all_reduce(both, dist.ReduceOp.SUM, group, world)
             picked, total = both[0], both[1]
-            losses[lo:hi] = torch.log(total) - picked
+            log_total = torch.log(total)
+            losses[lo:hi] = log_total - picked
             correct[lo:hi] = (picked >= 0).float()
-            logits_max[lo:hi], sum_exp[lo:hi] = row_max, total
-        ctx.save_for_backward(hidden, weight, labels, logits_max, sum_exp)
+            log_normaliser[lo:hi] = row_max + log_total
+        ctx.save_for_backward(hidden, weight, labels, log_normaliser)
         ctx.chunk_tokens, ctx.start = chunk_tokens, start
         ctx.mark_non_differentiable(correct)
         return losses, correct
 
     @staticmethod
     def backward(ctx, grad_losses, _grad_correct):
-        hidden, weight, labels, logits_max, sum_exp = ctx.saved_tensors
-        chunk_tokens, start, shard = ctx.chunk_tokens, ctx.start, weight.shape[0]
+        hidden, weight, labels, log_normaliser = ctx.saved_tensors
+        chunk_tokens, start, shard, n = ctx.chunk_tokens, ctx.start, weight.shape[0], hidden.shape[0]
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         # Summed over chunks in fp32 (one rounding to the weight's dtype at the end, as one big matmul would).
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         if grad_losses is None:
-            grad_losses = torch.zeros_like(sum_exp)
-        for lo in range(0, hidden.shape[0], chunk_tokens):
-            hi = min(lo + chunk_tokens, hidden.shape[0])
-            # The softmax, recomputed: exp(logits - max) / sum, exactly the forward's fp32 numbers.
-            grad = (hidden[lo:hi] @ weight.t()).float()
-            grad -= logits_max[lo:hi].unsqueeze(-1)
+            grad_losses = torch.zeros_like(log_normaliser)
+        chunk = _ChunkBuffers(min(chunk_tokens, n), weight)
+        for lo in range(0, n, chunk_tokens):
+            hi = min(lo + chunk_tokens, n)
+            # The softmax, recomputed from the forward's per-token max + log(sum): exp(logits - that).
+            grad = chunk.logits(hidden[lo:hi], weight)
+            grad -= log_normaliser[lo:hi].unsqueeze(-1)
             torch.exp(grad, out=grad)
-            grad /= sum_exp[lo:hi].unsqueeze(-1)
             local, in_shard = _local_labels(labels[lo:hi], start, shard)
             rows = torch.arange(hi - lo, device=grad.device)
             grad[rows, local] -= in_shard
             grad *= grad_losses[lo:hi].unsqueeze(-1)
-            grad = grad.to(hidden.dtype)
+            grad = chunk.in_compute_dtype(grad)
             if need_hidden:
                 torch.matmul(grad, weight, out=grad_hidden[lo:hi])
             if need_weight:
-                grad_weight += (grad.t() @ hidden[lo:hi]).float()
+                if grad.dtype == torch.float32:
+                    grad_weight.addmm_(grad.t(), hidden[lo:hi])
+                else:
+                    grad_weight += (grad.t() @ hidden[lo:hi]).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None
+
+
+class _ChunkBuffers:
+    """One chunk's logits buffers, reused by every chunk (a fresh multi-hundred-MB tensor per chunk costs the
+    allocator, and on CPU the kernel's page zeroing): fp32, plus the compute dtype's when that is not fp32."""
+
+    def __init__(self, rows: int, weight: torch.Tensor):
+        shape = (max(rows, 1), weight.shape[0])
+        self.float32 = torch.empty(shape, dtype=torch.float32, device=weight.device)
+        self.compute = (None if weight.dtype == torch.float32
+                        else torch.empty(shape, dtype=weight.dtype, device=weight.device))
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[0]
+        if self.compute is None:
+            return torch.mm(hidden, weight.t(), out=self.float32[:rows])
+        out = self.float32[:rows]
+        out.copy_(torch.mm(hidden, weight.t(), out=self.compute[:rows]))
+        return out
+
+    def in_compute_dtype(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.compute is None:
+            return grad
+        out = self.compute[:grad.shape[0]]
+        out.copy_(grad)
+        return out
 
 
 def _local_labels(labels: torch.Tensor, start: int, shard: int) -> tuple[torch.Tensor, torch.Tensor]:
