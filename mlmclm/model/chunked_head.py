@@ -31,7 +31,11 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region
 
-DEFAULT_CHUNK_TOKENS = 256  # fastest on this machine's CPU at vocab 128256 (benchmarks/train_step.py --chunk-sweep)
+# 256 tokens: at vocab 128256 one chunk's fp32 logits are 125 MiB per TP rank (the full logits of a paper-sized
+# 22.5k-token micro-batch: 11 GiB), and the weight gradient is accumulated once per chunk. Chosen, not tuned: on
+# the 2-core development machine, under the load of other jobs, a sweep of 128-1024 was noise-dominated (see
+# docs/performance.md); a GPU sweep is still to be made.
+DEFAULT_CHUNK_TOKENS = 256
 
 
 def validate_chunk_tokens(value) -> int:
