@@ -98,13 +98,19 @@ class CheckConfig:
     feature_rounds: int = 3        # interleaved rounds: every variant once per round
     feature_steps: int = 8         # timed steps per variant and round
     determinism: bool = True       # two same-seed runs and a stop/resume, deterministic: true (after the rest)
+    # Peak memory at the paper's worst-case micro-batch (12 samples of 2048 tokens: 24,576), CLM (the full head),
+    # measured next to mlmclm/model/memory.py's estimate for this one GPU (data parallel 1).
+    worst_case_model: str = "eurobert-610m"
+    worst_case_samples: int = 12
+    worst_case_length: int = 2048
 
     @classmethod
     def smoke_defaults(cls, **overrides) -> "CheckConfig":
         base = dict(smoke=True, models=["tiny-test"], seq_lengths=[64, 128], warmup_steps=1, max_steps=3,
                     min_steps=2, seconds_per_run=5.0, budget_s=300.0, agreement_model="tiny-test",
                     agreement_seq=64, agreement_micro_batch=2, agreement_steps=3, feature_model="tiny-test",
-                    feature_seq=64, feature_rounds=2, feature_steps=2)
+                    feature_seq=64, feature_rounds=2, feature_steps=2, worst_case_model="tiny-test",
+                    worst_case_samples=3, worst_case_length=32)
         base.update(overrides)
         return cls(**base)
 
@@ -232,14 +238,15 @@ class Trainer:
     """One model, its DDP wrapper, optimizer and scheduler; switches objective and sequence length freely."""
 
     def __init__(self, model_name: str, precision: PrecisionConfig, seed: int, init_from: "Trainer | None" = None,
-                 sparse_head: bool = True, fused_kernels: bool = True, manual_gc_interval: int = 100):
+                 sparse_head: bool = True, fused_kernels: bool = True, manual_gc_interval: int = 100,
+                 packed_segments: bool = False):
         self.model_cfg = preset(model_name)
         self.sparse_head = sparse_head
         self.manual_gc = ManualGC(manual_gc_interval)
         self.steps_done = 0
         torch.manual_seed(seed)
         self.chunks = build_model(self.model_cfg, ParallelConfig(), precision, causal=False,
-                                  fused_kernels=fused_kernels)
+                                  fused_kernels=fused_kernels, packed_segments=packed_segments)
         if init_from is not None:
             copy_weights(init_from.chunks, self.chunks)
         self.ddp = wrap_ddp(self.chunks, distributed_optimizer=True)
@@ -269,7 +276,7 @@ class Trainer:
                         None if positions is None else [p.to(current_device()) for p in positions]))
         return out
 
-    def step(self, batch_and_positions):
+    def step(self, batch_and_positions, documents=None):
         # Each step under this trainer's own GC regime (as its pretrain would run): the feature table alternates
         # trainers in one process and the collector is process-wide, so each sets it for its own steps.
         if self.manual_gc.interval:
@@ -278,7 +285,7 @@ class Trainer:
             gc.enable()
         batch, positions = batch_and_positions
         result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head,
-                            predicted_positions=positions, stop_flag=self.stop.agreed_flag)
+                            predicted_positions=positions, stop_flag=self.stop.agreed_flag, documents=documents)
         self.steps_done += 1
         self.manual_gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):
@@ -556,6 +563,42 @@ def resolve_peak(precision: str, override_tflops: float | None) -> tuple[float |
         return None, f"unknown: {err}"
 
 
+def worst_case_memory(cfg: CheckConfig, failures: list[str]) -> dict:
+    """Two CLM steps on one micro-batch of `worst_case_samples` samples of `worst_case_length` tokens laid end to
+    end (random-length samples at their longest, attention within each), peak memory measured next to the estimate
+    (mlmclm.model.memory) for this GPU alone: data parallel 1, so the optimizer state is not sharded."""
+    from mlmclm.model.document_attention import DocumentLayout
+    from mlmclm.model.memory import GIB, RankLayout, estimate_peak_memory
+
+    tokens = cfg.worst_case_samples * cfg.worst_case_length
+    model_cfg = preset(cfg.worst_case_model)
+    estimate = estimate_peak_memory(model_cfg, RankLayout(data_parallel=1), tokens, predicted_fraction=1.0)
+    result = {"model": cfg.worst_case_model, "tokens": tokens, "samples": cfg.worst_case_samples,
+              "estimated_gib": estimate.total / GIB, "estimate": estimate.summary(), "measured_gib": None,
+              "status": "pending"}
+    trainer = None
+    try:
+        trainer = Trainer(cfg.worst_case_model, precision_for("bf16" if on_gpu() else "fp32"), cfg.seed,
+                          packed_segments=True)
+        set_causal(trainer.chunks, True)
+        (batch,) = trainer.batches("clm", tokens, 1, count=1, seed=cfg.seed)
+        ids = torch.arange(cfg.worst_case_samples).repeat_interleave(cfg.worst_case_length).unsqueeze(0)
+        layout = DocumentLayout.from_document_ids(ids).to(current_device())
+        reset_peak_memory()
+        for _ in range(2):
+            trainer.step(batch, documents=[layout])
+        synchronize()
+        result["measured_gib"], result["memory_kind"] = peak_memory_gib()
+        result["status"] = "ok"
+    except Exception as err:  # an OOM here is the finding: the estimate said it fits
+        result["status"] = f"failed: {type(err).__name__}: {str(err)[:300]}"
+        failures.append(f"worst-case memory ({cfg.worst_case_model}, {tokens} tokens): {result['status']}")
+    finally:
+        if trainer is not None:
+            trainer.close()
+    return result
+
+
 def run_determinism(cfg: CheckConfig, failures: list[str]) -> dict:
     """determinism_check.py in its own processes (deterministic mode must be set before CUDA and NCCL start)."""
     import shutil
@@ -593,6 +636,7 @@ def run_check(cfg: CheckConfig) -> dict:
                     rows.append(RunRow(model, "fp8", objective, seq, micro_batch_for(model, seq, cfg.smoke),
                                        status="skipped", reason=fp8_why))
     features = feature_table(cfg, peaks["bf16"][0], deadline, failures) if cfg.features else None
+    worst_case = worst_case_memory(cfg, failures)
     agreement = precision_agreement(cfg, failures)
     ratios = fp8_ratios(rows)
     goal_table = goals(rows, ratios, cfg.smoke)
@@ -616,6 +660,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 "ratios": ratios},
         "precision_agreement": agreement,
         "features": features,
+        "worst_case_memory": worst_case,
         "determinism": determinism,
         "runs": [asdict(r) for r in rows],
         "goals": goal_table,
@@ -671,6 +716,10 @@ def format_report(report: dict) -> str:
                          + ("- (no CUDA)" if syncs is None else " ".join(map(str, syncs))))
         for what, why in features["not_measurable_here"].items():
             lines.append(f"  not measured: {what} ({why})")
+    worst = report["worst_case_memory"]
+    lines.append(f"peak memory at the worst-case micro-batch ({worst['model']}, CLM, {worst['samples']} samples, "
+                 f"{worst['tokens']:,} tokens): measured {_fmt(worst['measured_gib'], '.1f')} GiB, estimated "
+                 f"{worst['estimated_gib']:.1f} GiB [{worst['estimate']}] -> {worst['status']}")
     det = report.get("determinism")
     if det:
         lines.append("deterministic: true, step by step (loss, grad norm) against reference run A:")

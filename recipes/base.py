@@ -56,9 +56,13 @@ class SizeLayout:
                               self.context_parallel, self.sequence_parallel)
 
 
+# Memory: the comments below size each layout for the mean micro-batch; `python -m recipes.sweep paper --plan`
+# prints the estimate at the mean and at the worst (24,576 tokens) and refuses a layout that cannot fit an 80 GB
+# H100 there (mlmclm/model/memory.py).
 # FP8 (hybrid E4M3/E5M2 GEMMs through TE) is on for every size; FP8 *attention* stays "auto", which
-# `mlmclm.model.precision.fp8_attention_decision` turns off for these shapes (head_dim 64 and 96; TE's FP8 fused
-# attention trains on Hopper only with head_dim 128), so attention runs in bf16 and logs why.
+# `mlmclm.model.precision.fp8_attention_decision` turns off for these runs (random-length samples run attention
+# as packed THD, which TE's FP8 attention never takes; head_dim 64 and 96 would need 128 on Hopper anyway), so
+# attention runs in bf16 and logs why.
 SIZES: dict[str, SizeLayout] = {
     # 210m (head_dim 64): weights + Adam state are ~3 GB, so pure data parallelism is fastest; TP/PP/CP would
     # only add communication at seq 1024, and the distributed optimizer shards Adam state over DP for free.

@@ -31,10 +31,11 @@ import nemo_run as run
 
 from mlmclm import flops
 from mlmclm.config_io import parse_value
+from mlmclm.model.memory import GIB, H100_80GB_BYTES, MemoryEstimate, RankLayout, estimate_peak_memory
 from mlmclm.train.branch import check_branch_plan
 from recipes import grid as grids
 from recipes import launch, registry
-from recipes.base import PAPER_RUN_ROOT, tokens_per_sample, validate
+from recipes.base import PAPER_RUN_ROOT, tokens_per_sample, validate, world_size
 from recipes.interrupt import INTERRUPTED_EXIT_CODE, LocalInterrupt
 from recipes.progress import checkpointed_step
 from recipes.tiny import TINY_RUN_ROOT
@@ -56,10 +57,42 @@ class PlannedRun:
     state: str  # "new", "partial N/M", "finished", "unknown" (run dir not visible from here)
     checkpointed: int | None = None  # its latest checkpoint's step, where visible
     host_dir: Path | None = None
+    memory: "MemoryPlan | None" = None  # estimated peak GPU memory per rank (mean and worst micro-batch)
 
     @property
     def finished(self) -> bool:
         return self.state == "finished"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    layout: str  # e.g. "tp1 pp1 dp192"
+    mean: MemoryEstimate
+    worst: MemoryEstimate
+
+
+def memory_plan(cfg, world: int, seq_length: int, capacity: int = H100_80GB_BYTES) -> MemoryPlan:
+    """The estimate (mlmclm.model.memory) at the mean and at the worst micro-batch of this run, for its most
+    memory-hungry phase; refuses a layout whose worst case does not fit `capacity` (an 80 GB H100)."""
+    par = cfg.parallel
+    dp = par.data_parallel_size(world)
+    layout = RankLayout(par.tensor_parallel, par.pipeline_parallel, par.sequence_parallel, dp,
+                        cfg.optimizer.distributed_optimizer, cfg.num_microbatches(dp), bool(cfg.precision.fp8))
+    lengths = cfg.data.random_length
+    if lengths is not None:  # one row of micro_batch samples; at worst every sample is max_length long
+        mean_tokens, worst_tokens = round(cfg.micro_batch_size * lengths.mean), cfg.worst_row_tokens(seq_length)
+    else:
+        mean_tokens = worst_tokens = cfg.micro_batch_size * seq_length
+    predicted = max(1.0 if p.objective.kind == "clm" or not cfg.sparse_mlm_head else p.objective.mask_ratio
+                    for p in cfg.phases)
+    plan = MemoryPlan(f"tp{par.tensor_parallel} pp{par.pipeline_parallel} dp{dp}",
+                      estimate_peak_memory(cfg.model, layout, mean_tokens, predicted, cfg.head_chunk_tokens),
+                      estimate_peak_memory(cfg.model, layout, worst_tokens, predicted, cfg.head_chunk_tokens))
+    if plan.worst.total > capacity:
+        raise ValueError(f"{cfg.run_dir}: layout {plan.layout} does not fit an {capacity / GIB:.1f} GiB GPU at the "
+                         f"worst-case micro-batch: {plan.worst.summary()} (mean case {plan.mean.total / GIB:.1f} "
+                         f"GiB); use tensor/pipeline parallelism or fewer samples per forward")
+    return plan
 
 
 def host_run_dir(run_dir: str, checkpoint_dir: str | None) -> Path | None:
@@ -153,7 +186,8 @@ def build_plan(grid_name: str, *, params: dict | None = None,
                                   * tokens_per_sample(cfg, seq), _flops_after(cfg, seq, phases, 0) * to_hours,
                                   _flops_after(cfg, seq, phases, entry.branch_step or 0) * to_hours,
                                   run_state(host_dir, cfg.total_steps),
-                                  None if host_dir is None else checkpointed_step(host_dir), host_dir))
+                                  None if host_dir is None else checkpointed_step(host_dir), host_dir,
+                                  memory_plan(cfg, world_size(partial), seq)))
     _plan_branches(planned)
     return planned
 
@@ -271,12 +305,14 @@ def _hours(value: float) -> str:
 
 def plan_table(planned: list[PlannedRun], mfu: float, peak: str) -> str:
     lines = [f"{'run':<30} {'phases (steps)':<26} {'tokens':>9} {'GPU-h':>8} {'own GPU-h':>9} "
-             f"{'after / branch of':<24} state"]
+             f"{'after / branch of':<24} {'layout':<16} {'GiB mean/worst':>14}  state"]
     for p in planned:
         phases = " → ".join(f"{kind} {steps}" for kind, steps in p.phases)
         source = p.entry.after or (f"{p.entry.branch_of}@{p.entry.branch_step}" if p.entry.branch_of else "-")
+        memory = "-" if p.memory is None else f"{p.memory.mean.total / GIB:.1f}/{p.memory.worst.total / GIB:.1f}"
+        layout = "-" if p.memory is None else p.memory.layout
         lines.append(f"{p.entry.name:<30} {phases:<26} {p.tokens / 1e9:>8.1f}B {_hours(p.gpu_hours):>8} "
-                     f"{_hours(p.own_gpu_hours):>9} {source:<24} {p.state}")
+                     f"{_hours(p.own_gpu_hours):>9} {source:<24} {layout:<16} {memory:>14}  {p.state}")
     todo = [p for p in planned if not p.finished]
     branches = [p for p in planned if p.entry.branch_of]
     lines.append(f"{len(planned)} runs, {sum(p.tokens for p in planned) / 1e9:,.1f}B tokens, "
@@ -284,6 +320,12 @@ def plan_table(planned: list[PlannedRun], mfu: float, peak: str) -> str:
                  f"(assumed, not measured) with branching ({len(branches)} runs branch off their parent's stable "
                  f"phase and train only their own steps), {_hours(sum(p.gpu_hours for p in planned))} without; "
                  f"to launch: {len(todo)} runs, {_hours(sum(p.own_gpu_hours for p in todo))} GPU-hours")
+    sized = [p for p in planned if p.memory is not None]
+    if sized:
+        worst = max(sized, key=lambda p: p.memory.worst.total)
+        lines.append(f"peak GPU memory per rank, estimated (mlmclm/model/memory.py, unverified on a GPU): mean "
+                     f"micro-batch vs the worst (every sample at its longest); the largest is {worst.entry.name}: "
+                     f"{worst.memory.worst.summary()}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ ROW_FIELDS = {"model", "precision", "objective", "seq_length", "micro_batch", "s
               "fp8_attention_reason", "warmup_steps", "timed_steps", "seconds", "tokens_per_s", "flops_per_token",
               "tflops_per_gpu", "peak_tflops", "mfu", "peak_memory_gib", "first_loss", "last_loss"}
 TOP_FIELDS = {"mode", "data", "environment", "peak_tflops", "peak_source", "memory_kind", "flop_convention", "fp8",
-              "precision_agreement", "features", "determinism", "runs", "goals", "config", "total_seconds", "failures", "ok"}
+              "precision_agreement", "features", "worst_case_memory", "determinism", "runs", "goals", "config", "total_seconds", "failures", "ok"}
 
 
 def run_smoke(tmp_path, *extra):
@@ -55,6 +55,11 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     fp8 = [r for r in report["runs"] if r["precision"] == "fp8"]
     assert len(fp8) == len(bf16) and all(r["status"] == "skipped" and r["reason"] for r in fp8)
     assert report["fp8"]["available"] is False and report["fp8"]["reason"]
+
+    # Peak memory at the worst-case micro-batch (smoke: 3 samples of 32 tokens), next to the estimate.
+    worst = report["worst_case_memory"]
+    assert worst["status"] == "ok" and worst["tokens"] == 96 and worst["measured_gib"] > 0
+    assert worst["estimated_gib"] > 0 and "at 96 tokens" in worst["estimate"] and "worst-case micro-batch" in proc.stdout
 
     agreement = report["precision_agreement"]
     assert agreement["passed"] is True

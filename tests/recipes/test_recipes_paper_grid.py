@@ -6,6 +6,7 @@ import fiddle as fdl
 import pytest
 from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
 
+from mlmclm.model.memory import GIB, H100_80GB_BYTES
 from recipes import grid, registry, sweep
 from recipes.base import validate
 
@@ -118,6 +119,13 @@ def test_plan_prices_the_grid_with_and_without_branches(tmp_path):
     assert planned["610m-mlm40-42k"].partial.config.checkpoint.keep_steps == [10000, 20000]
     child = validate(biphasic.partial).checkpoint
     assert (child.branch_from, child.branch_step) == (str(tmp_path / "610m-clm-42k"), 32_000)
+    # The memory plan: every run's estimated peak per rank at the mean and the worst micro-batch (12 × 2048 tokens
+    # of random-length samples), the worst fitting an 80 GB H100; the table shows both and names the largest.
+    clm_1b = planned["1b-clm-42k"].memory
+    assert clm_1b.layout == "tp1 pp1 dp192" and (clm_1b.mean.tokens, clm_1b.worst.tokens) == (12_360, 24_576)
+    assert all(p.memory.mean.total < p.memory.worst.total <= H100_80GB_BYTES for p in planned.values())
+    assert f"{clm_1b.mean.total / GIB:.1f}/{clm_1b.worst.total / GIB:.1f}" in table
+    assert "the largest is 1b-clm-42k: " + clm_1b.worst.summary() in table
 
 
 def test_slurm_dryrun_of_the_whole_paper_grid(nemo_home, tmp_path, capsys):
