@@ -87,3 +87,34 @@ def test_packed_segments_on_te_refuse_the_unfused_thd_rope(monkeypatch):
     # Past our check: what stops it now is megatron's own (no real TE in this process), not the refusal above.
     with pytest.raises(ValueError, match="apply_rope_fusion is not available. Please install TE"):
         transformer_config(SHAPE, ParallelConfig(), use_te=True, packed_segments=True)
+
+
+def test_the_fused_thd_rope_stand_in_restarts_positions_per_segment_as_megatron_expects(te_attention):
+    """The stand-in of TE's fused THD RoPE against megatron's own unfused THD RoPE (`rope_utils`, the path it
+    replaces) on our layout: equal, positions restarting at every segment; and TE's cu_seqlens contract."""
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_thd
+
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+    layout = DocumentLayout.from_document_ids(torch.tensor([[0, 0, 0, 1, 1], [0, 1, 1, 1, 1]]))
+    # megatron's RotaryEmbedding table (non-interleaved): [positions, 1, 1, dim], each frequency twice
+    inv_freq = 1.0 / (500 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    angles = torch.outer(torch.arange(layout.max_seqlen, dtype=torch.float32), inv_freq)
+    freqs = torch.cat((angles, angles), dim=-1)[:, None, None, :]
+    t = torch.randn(10, 4, 16, generator=torch.Generator().manual_seed(2))
+    fused = apply_rotary_pos_emb(t, freqs, tensor_format="thd", fused=True, cu_seqlens=layout.cu_seqlens)
+    class NoContextParallelism:  # megatron reads only the CP group's size and rank here
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    unfused = _apply_rotary_pos_emb_thd(t, layout.cu_seqlens, freqs, cp_group=NoContextParallelism())
+    assert torch.allclose(fused, unfused, atol=1e-6)
+    # Restarting per segment: the second segment's first token is rotated as position 0 (unchanged by RoPE).
+    assert torch.allclose(fused[3], t[3], atol=1e-6) and not torch.allclose(fused[4], t[4], atol=1e-3)
+    with pytest.raises(AssertionError, match="cu_seqlens must not be None"):
+        apply_rotary_pos_emb(t, freqs, tensor_format="thd", fused=True)
+    with pytest.raises(AssertionError, match="1-D int32"):
+        apply_rotary_pos_emb(t, freqs, tensor_format="thd", fused=True, cu_seqlens=layout.cu_seqlens.long())
