@@ -8,6 +8,7 @@ import warnings
 from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
 from mlmclm import quiet
 from mlmclm.train.config import TrainConfig
+from mlmclm.train.save_errors import SAVE_FAILED_EXIT_CODE, CheckpointWriteError
 
 
 def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) -> dict:
@@ -29,8 +30,12 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
         logging.getLogger("recipes").warning(note)
     from mlmclm.train.pretrain import pretrain
 
-    result = pretrain(config)
     log = logging.getLogger("recipes")
+    try:
+        result = pretrain(config)
+    except CheckpointWriteError as err:  # said in full, without a traceback; run_status.json: save_failed
+        log.error("%s", err)
+        raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
     if result.status == "preempted":
         # Non-zero on purpose: the Slurm job requeues itself and resumes, and a dependent (afterok) task of a
         # chain does not start from a half-finished run.

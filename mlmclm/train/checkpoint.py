@@ -24,10 +24,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
+from torch.distributed.checkpoint.api import CheckpointException
 
 from mlmclm.model.weights import unwrap
+from mlmclm.parallel import current_device
 from mlmclm.train import checkpoint_guard
 from mlmclm.train import rng_state
+from mlmclm.train import save_errors
+from mlmclm.train.save_errors import CheckpointWriteError  # noqa: F401  (raised by save_checkpoint)
 
 checkpoint_guard.install()
 
@@ -151,11 +155,13 @@ def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler
     dist.barrier()
     sharded = model_sharded_state_dict(ddp_chunks)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=False, metadata=_SHARDING)
-    save_sharded(sharded, staging)
-    (staging / "rng").mkdir(exist_ok=True)
-    torch.save(_rng_state(), staging / "rng" / f"{_rank_tag()}.pt")
-    dist.barrier()
-    if rank0:
+
+    def write_shards():
+        save_sharded(sharded, staging)
+        (staging / "rng").mkdir(exist_ok=True)
+        torch.save(_rng_state(), staging / "rng" / f"{_rank_tag()}.pt")
+
+    def publish():
         state = {**train_state, "scheduler": scheduler.state_dict(), "keep": keep,
                  "layout": _current_layout()}
         _write_json_atomic(staging / TRAIN_STATE, state)
@@ -166,8 +172,55 @@ def save_checkpoint(root: Path, iteration: int, ddp_chunks, optimizer, scheduler
         _write_json_atomic(root / LATEST_FILE, iteration)
         if keep_last:
             _prune(root, keep_last, protect=final)
-    dist.barrier()
+
+    _agreed_write(write_shards, root, staging, iteration)
+    _agreed_write(publish if rank0 else None, root, staging, iteration)
     return final
+
+
+def _agreed_write(write, root: Path, staging: Path, iteration: int) -> None:
+    """Run `write` (None: nothing on this rank); when it fails on any rank, every rank raises a
+    CheckpointWriteError naming the OS's cause, after rank 0 removed the unfinished save (which frees its space, so
+    the run's status can still be written). Without the agreement a rank whose write failed would leave the others
+    waiting in the next barrier."""
+    failure = None
+    try:
+        if write is not None:
+            write()
+    except (Exception, CheckpointException) as err:  # the filesystem's refusal, however megatron/DCP wrapped it
+        failure = err  # (DCP's CheckpointException is a BaseException)
+    flag = torch.tensor([int(failure is not None)], dtype=torch.int32, device=current_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        dist.barrier()
+        return
+    cause = save_errors.cause_of(failure, staging) if failure is not None else "another rank's write failed"
+    last = last_complete(root)
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    dist.barrier()
+    message = save_errors.describe(root, iteration, cause, save_errors.tree_bytes(last) if last else None, last)
+    raise CheckpointWriteError(message) from failure
+
+
+def last_complete(root: Path) -> Path | None:
+    try:
+        return latest_checkpoint(root)
+    except CheckpointError:
+        return None
+
+
+def check_room(root: Path, iteration: int, last: Path | None) -> None:
+    """Before a save, on every rank: stop with a CheckpointWriteError when rank 0 finds too little free space for
+    another checkpoint of the last one's size (before anything is written; the decision is agreed by all ranks)."""
+    error = None
+    if dist.get_rank() == 0 and last is not None and Path(root).exists():
+        error = save_errors.room_error(Path(root), iteration, save_errors.tree_bytes(last), last)
+    flag = torch.tensor([int(error is not None)], dtype=torch.int32, device=current_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        raise error or CheckpointWriteError(f"rank 0 found too little free space under {root} for checkpoint "
+                                            f"iter_{iteration:07d}")
 
 
 def _prune(root: Path, keep_last: int, protect: Path) -> None:

@@ -116,6 +116,17 @@ def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = 
     os.replace(tmp, path)
 
 
+def _write_failure_status(cfg: TrainConfig, err: Exception, step: int | None) -> None:
+    """`save_failed` (the save's own message) or `failed`; a status that cannot be written either (a disk still
+    full) is logged, never raised over the run's own error."""
+    failed_save = isinstance(err, ckpt.CheckpointWriteError)
+    try:
+        write_status(cfg, "save_failed" if failed_save else "failed", step,
+                     str(err) if failed_save else f"{type(err).__name__}: {err}")
+    except OSError as status_err:
+        log.error("could not write %s either: %s", STATUS_FILE, status_err)
+
+
 def pretrain(cfg: TrainConfig) -> RunResult:
     """Run (or resume) the whole training run described by `cfg` on the ranks torchrun started."""
     if cfg.deterministic:  # before NCCL and the model exist: both read these switches when created
@@ -128,7 +139,7 @@ def pretrain(cfg: TrainConfig) -> RunResult:
         return run.run()
     except Exception as err:
         if state.rank == 0 and not isinstance(err, RunLockedError):  # that directory's status is another run's
-            write_status(cfg, "failed", run.iteration if run else None, f"{type(err).__name__}: {err}")
+            _write_failure_status(cfg, err, run.iteration if run else None)
         raise
     finally:
         if lock is not None:
@@ -237,6 +248,8 @@ class _Run:
 
     def _save(self, phase_index: int, keep: bool) -> None:
         run_config = self.cfg.to_dict()
+        # Stop before writing when another checkpoint of the last one's size no longer fits (CheckpointWriteError).
+        ckpt.check_room(self.cfg.checkpoint_dir, self.iteration, ckpt.last_complete(self.cfg.checkpoint_dir))
         # A preemption signal arriving now is handled after the save (signals.py); the parameters of the last
         # update are gathered first when their all-gather is overlapped with the next forward.
         with stop_signals_blocked(), params_in_sync(self.ddp):

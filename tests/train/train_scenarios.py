@@ -371,3 +371,42 @@ def run_each_reporting_errors(cfg_dicts, report_path):
             results.append({"type": type(err).__name__, "message": str(err)})
     if _rank0():
         Path(report_path).write_text(json.dumps(results))
+
+
+def run_filling_the_disk(reference_cfg, cfg_dict, filler, report_path):
+    """One process, four runs. The reference run (on an ordinary disk); then, on a small filesystem, a run whose
+    filesystem another writer fills while its second checkpoint is being written (ENOSPC inside megatron's writer);
+    its resume with the filler still there, which the room check before the next save stops; and the resume once
+    the filler is deleted. Rank 0 records each failure's type and message and the status file it left."""
+    import shutil
+
+    from mlmclm.train import checkpoint as ckpt
+
+    _train(reference_cfg)
+    original, saves, report = ckpt.save_sharded, [], []
+
+    def save_sharded_while_the_disk_fills(sharded, directory):
+        saves.append(directory)
+        if len(saves) == 2 and _rank0():  # another writer takes all but half a checkpoint's room
+            last = ckpt.latest_checkpoint(Path(directory).parent)
+            leave = sum(f.stat().st_size for f in last.rglob("*") if f.is_file()) // 2
+            with open(filler, "wb") as f:
+                f.write(b"\0" * max(0, shutil.disk_usage(Path(filler).parent).free - leave))
+        return original(sharded, directory)
+
+    ckpt.save_sharded = save_sharded_while_the_disk_fills
+    for attempt in ("filled during a save", "resumed, still full"):
+        try:
+            _train(cfg_dict)
+            report.append({"attempt": attempt, "type": None})
+        except Exception as err:  # the test asserts on the type, the message and the status file
+            status = Path(cfg_dict["run_dir"]) / "run_status.json"
+            report.append({"attempt": attempt, "type": type(err).__name__, "message": str(err),
+                           "status": json.loads(status.read_text()) if status.exists() else None})
+    ckpt.save_sharded = original
+    if _rank0():
+        os.remove(filler)
+    result = _train(cfg_dict)
+    report.append({"attempt": "resumed with room", "type": None, "status": result.status})
+    if _rank0():
+        Path(report_path).write_text(json.dumps(report))
