@@ -32,4 +32,10 @@ def run_cli(main: Callable[[], str]) -> int:
     except KeyboardInterrupt:
         print("interrupted: the output directory was not written", file=sys.stderr)
         return 130
+    except OSError as err:  # the filesystem's refusal (a full disk, an unreadable file): the OS's words, and the
+        # file when the error names one (a failed write often does not)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err} (nothing was published: the output directory is written only "
+              f"when everything succeeded)", file=sys.stderr)
+        return 1
     return 0

@@ -199,3 +199,23 @@ def test_cli_exports_and_prints_a_summary(tp2pp2_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "parameters:" in proc.stdout and "dtype: bf16" in proc.stdout and "output size" in proc.stdout
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_an_export_onto_a_full_disk_names_the_file_and_the_os_words(tp2pp2_run, tmp_path, capsys):
+    """A real 16 kB tmpfs (root only) is too small for the model: the CLI says the OS's words ('No space left on
+    device') instead of a traceback, exits 1 and publishes nothing."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)], check=True)
+    try:
+        rc = tool_main("convert_to_hf")([str(tp2pp2_run.run_dir), str(small / "hf")])
+        err = capsys.readouterr().err
+        assert rc == 1, err
+        assert "error: No space left on device (nothing was published" in err and "Traceback" not in err, err
+        assert not (small / "hf").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=True)
