@@ -193,7 +193,10 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
         if progress and not (slurm or detach or dryrun) else []
     with _console_to(console_log), _watched(watching), _interruptible(interrupt):
         # Slurm: submitted detached and followed with scontrol (NeMo-Run's own wait and status need sacct).
-        with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
+        # NeMo-Run's status table and its "reconstruct this experiment" hints (~20 lines) are left out: the progress
+        # lines, the task's outcome and the experiment directory printed here say what a user needs.
+        with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=True,
+                            enable_goodbye_message=False) as exp:
             previous = None
             for name, partial in tasks:
                 executor = make_executor(executor_kind, partial, executor_options)
@@ -231,6 +234,10 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
             errors = {name: error_lines(exp._exp_dir, jobs[name]) for name in failed}
         else:
             errors = {name: task_error(exp._exp_dir, name) for name in failed}
+        for name in failed:  # a checkpoint the filesystem refused: the trainer's own account, not a rank's log tail
+            state = run_status(run_dir_of(dict(tasks)[name]))
+            if state.get("status") == "save_failed":
+                errors[name] = [state.get("detail", "")]
         reports = [f"task {name}: {status}\n" + "\n".join("    " + line for line in errors[name])
                    for name, status in failed.items()]
         raise TaskFailedError(f"experiment {exp._id}: task(s) did not succeed; logs under {exp._exp_dir}\n"

@@ -2,8 +2,9 @@
 
 NeMo-Run's local executor prints its own panel and a final status; the losses stay in a log several folders down.
 This reporter prints where the run starts (fresh, resumed at step N, already finished), then every `interval` seconds
-the last step's objective, loss, held-out losses when measured, tokens/s and an ETA, and at the end where the
-metrics, TensorBoard files and checkpoints are.
+the last step's objective, loss, held-out losses when measured, tokens/s and an ETA — and, as they happen, each phase
+switch, held-out evaluation and saved checkpoint — and at the end where the metrics, TensorBoard files and
+checkpoints are.
 """
 from __future__ import annotations
 
@@ -26,16 +27,6 @@ def finished_step(run_dir: str | Path, total_steps: int, stop_at: int | None) ->
     return step if step is not None and step >= min(total_steps, stop_at or total_steps) else None
 
 
-def _last_row(metrics: Path) -> dict | None:
-    if not metrics.exists():
-        return None
-    lines = metrics.read_text().splitlines()
-    for line in reversed(lines):  # the last complete row (the trainer may be writing the next one)
-        if line.endswith("}"):
-            return json.loads(line)
-    return None
-
-
 def step_line(row: dict, total: int, seconds_per_step: float | None) -> str:
     phase = row["phase"]
     held_out = (f", held-out CLM {row['val/clm/loss']:.3f} / MLM {row['val/mlm/loss']:.3f}"
@@ -55,6 +46,8 @@ class RunProgress(threading.Thread):
         self.interval, self.prefix, self.summary = interval, prefix, summary
         self.done = threading.Event()
         self.shown_step = None
+        self._offset, self._phase, self._first = 0, None, None  # _first: (time, step) of the first row seen
+        self._saved = self._resumed_at = checkpointed_step(self.run_dir)  # news: only what comes after
 
     def _say(self, text: str) -> None:
         print(self.prefix + text, file=self.console, flush=True)
@@ -70,24 +63,55 @@ class RunProgress(threading.Thread):
         super().start()
 
     def run(self) -> None:
-        first = None  # (time, step) of the first row seen: the ETA's rate leaves the start-up out
         while not self.done.wait(self.interval):
-            row = _last_row(self.run_dir / "metrics.jsonl")
-            if row is None or row["step"] == self.shown_step:
+            self._poll()
+
+    def _new_rows(self) -> list[dict]:
+        """The complete rows appended to metrics.jsonl since the last poll (the trainer may be writing the next)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        with open(path, "rb") as f:
+            if f.seek(0, 2) < self._offset:  # rewound by a resume: read it again from the start
+                self._offset = 0
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def _poll(self) -> None:
+        """Besides the last step: each phase switch, each validation and each checkpoint since the last poll."""
+        rows = self._new_rows()
+        for row in rows:
+            if self._resumed_at is not None and row["step"] <= self._resumed_at:  # trained before this launch
+                self._phase = row["phase"]
                 continue
-            if first is None:
-                first = (time.monotonic(), row["step"])
-            rate = (time.monotonic() - first[0]) / (row["step"] - first[1]) if row["step"] > first[1] else None
-            self.shown_step = row["step"]
-            self._say(step_line(row, self.total, rate))
+            if self._phase is not None and row["phase"] != self._phase:
+                self._say(f"phase switch at step {row['step']}: {self._phase} → {row['phase']}")
+            self._phase = row["phase"]
+            if "val/clm/loss" in row and "val/mlm/loss" in row and row is not rows[-1]:
+                self._say(f"held-out at step {row['step']}: CLM {row['val/clm/loss']:.3f} / MLM "
+                          f"{row['val/mlm/loss']:.3f}")
+        saved = checkpointed_step(self.run_dir)
+        if saved is not None and saved != self._saved:
+            self._say(f"checkpoint saved: step {saved} ({self.run_dir / 'checkpoints' / f'iter_{saved:07d}'})")
+            self._saved = saved
+        if not rows or rows[-1]["step"] == self.shown_step:
+            return
+        row = rows[-1]
+        if self._first is None:
+            self._first = (time.monotonic(), row["step"])
+        rate = ((time.monotonic() - self._first[0]) / (row["step"] - self._first[1])
+                if row["step"] > self._first[1] else None)
+        self.shown_step = row["step"]
+        self._say(step_line(row, self.total, rate))
 
     def stop(self) -> None:
         self.done.set()
         self.join()
         if not self.summary:
             return
-        row = _last_row(self.run_dir / "metrics.jsonl")
-        if row is not None and row["step"] != self.shown_step:
-            self._say(step_line(row, self.total, None))
+        self._poll()  # what the last interval did not show yet (its step line without an ETA: the run is over)
         self._say(f"metrics: {self.run_dir / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir_spec "
                   f"{self.run_dir.name}:{self.run_dir / 'tensorboard'}; checkpoints: {self.run_dir / 'checkpoints'}")

@@ -340,7 +340,8 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     # locally, Ctrl-C stops the running job as a preemption does and starts no later one (recipes.interrupt)
     interrupt = None if slurm or dryrun or detach else LocalInterrupt(os.fdopen(os.dup(2), "w"))
     with launch._interruptible(interrupt), \
-            run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=slurm) as exp:
+            run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=True,
+                           enable_goodbye_message=False) as exp:  # NeMo-Run's ~20 lines of status and hints
         job_ids: dict[str, str] = {}
         for job in jobs:
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
