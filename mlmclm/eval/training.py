@@ -126,6 +126,12 @@ def budget_steps(num_examples: int, config: FinetuneConfig) -> int:
     return steps
 
 
+def warmup_steps(steps: int, config: FinetuneConfig) -> int:
+    """Linear-warmup steps: ceil(fraction x steps), as transformers' Trainer counts a warmup ratio
+    (TrainingArguments.get_warmup_steps) — 44 of one CoNLL epoch's 439 steps, where int() gave 43."""
+    return math.ceil(config.warmup_fraction * steps)
+
+
 def default_max_length(model_dir: Path) -> int:
     """EncodEval's input length: 99 % of the model's max_position_embeddings, rounded to the nearest integer as
     theirs is (Python's round: 2028 for 2048, not the 2027 truncation would give)."""
@@ -161,7 +167,7 @@ def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[li
         raise ValueError(f"{description}: no training examples")
     steps = budget_steps(len(features), config)
     optimizer = make_optimizer(model, config)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_fraction * steps), steps)
+    scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps(steps, config), steps)
     loader = DataLoader(list(features), batch_size=config.batch_size, shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(config.seed))
     log = TrainLog(steps=steps)

@@ -57,6 +57,21 @@ def test_ontonotes_trains_1000_steps_while_conll_and_uner_train_one_epoch():
     assert budget_steps(14_041, tc["conll2003"]) == 439 and budget_steps(320, tc["uner_en"]) == 10
 
 
+def test_warmup_counts_steps_as_the_trainer_counts_a_warmup_ratio():
+    # configs/*/*.yaml: warmup_ratio 0.1 -> transformers' get_warmup_steps: ceil(0.1 x steps). The Trainer's own
+    # method, called on the one field it reads (TrainingArguments itself needs accelerate, not installed here)
+    from types import SimpleNamespace
+
+    from transformers import TrainingArguments
+
+    from mlmclm.eval.training import warmup_steps
+
+    config = ProtocolConfig.paper().finetune_config(1e-4, 0, "token_classification", "conll2003")
+    for steps in (439, 1000, 7, 1):
+        reference = TrainingArguments.get_warmup_steps(SimpleNamespace(warmup_steps=0.1), steps)
+        assert warmup_steps(steps, config) == reference, steps
+
+
 def test_beir_corpus_holds_every_judged_document_and_relevance_is_score_one_or_more(paper_root):
     # datasets.py msmarco(): corpus_sub gets every qrels document of both splits; qrels_dict only score >= 1
     data = load_task(paper_task("msmarco", paper_root))
