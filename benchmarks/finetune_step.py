@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Fine-tuning speed: our loop (`mlmclm.eval.training.train`, what every `tools/evaluate.py` run uses) against
+transformers' `Trainer` (what EncodEval runs), side by side in one process, on the same model (a random EuroBERT
+sequence classifier), task (fixed-length random token rows, 2 labels), batch, precision and optimiser (AdamW β (0.9,
+0.95), eps 1e-5, weight decay 0.1, 10 % warmup + linear decay, clip 1.0).
+
+    python benchmarks/finetune_step.py                               # hidden 256, 4 layers, seq 128, batch 32, fp32
+    python benchmarks/finetune_step.py --dtype bfloat16 --rounds 5 --steps 30
+
+Each round runs one fine-tuning of `--steps` steps with each side, alternating which goes first, from the same
+initial weights; a side's time is its whole `train` / `Trainer.train()` call (optimiser, scheduler and data-loader
+set-up included: the evaluation is ~15,000 such short runs). The fastest round of each side is reported (other load
+only ever slows a round down), with the median. Goal: ours >= 1.0x the Trainer's steps/s.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+
+
+def build(args):
+    from transformers import EuroBertConfig, EuroBertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = EuroBertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                            num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
+                            intermediate_size=4 * args.hidden, max_position_embeddings=2 * args.seq, pad_token_id=0,
+                            bos_token_id=1, eos_token_id=2, mask_token_id=3,
+                            num_labels=2, classifier_pooling="mean")
+    model = EuroBertForSequenceClassification(config)
+    generator = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": torch.randint(4, args.vocab, (args.seq,), generator=generator).tolist(),
+             "attention_mask": [1] * args.seq, "labels": i % 2} for i in range(args.rows)]
+    return model, rows
+
+
+def ours(model, rows, args) -> float:
+    from mlmclm.eval.training import FinetuneConfig, in_precision, pad_batch, train
+
+    config = FinetuneConfig(learning_rate=1e-4, max_steps=args.steps, max_epochs=None, batch_size=args.batch,
+                            dtype=args.dtype)
+    model = in_precision(model, config)
+    started = time.perf_counter()
+    train(model, rows, lambda chunk: pad_batch(chunk, {"input_ids": 0, "attention_mask": 0}),
+          lambda m, b: m(**b).loss, config)
+    return time.perf_counter() - started
+
+
+def trainer(model, rows, args, folder) -> float:
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging
+
+    from mlmclm.eval.training import pad_batch
+
+    logging.set_verbosity_error()
+    bf16 = args.dtype == "bfloat16"
+    model = model.to(torch.bfloat16 if bf16 else torch.float32)  # EncodEval casts the model, then bf16: true
+    training = TrainingArguments(
+        output_dir=folder, per_device_train_batch_size=args.batch, max_steps=args.steps, learning_rate=1e-4,
+        adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-5, weight_decay=0.1, warmup_steps=0.1,
+        lr_scheduler_type="linear", max_grad_norm=1.0, bf16=bf16, use_cpu=True, report_to="none",
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    run = Trainer(model=model, args=training, train_dataset=rows,
+                  data_collator=lambda chunk: pad_batch(chunk, {"input_ids": 0, "attention_mask": 0}))
+    started = time.perf_counter()
+    run.train()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    import copy
+    import tempfile
+
+    initial, rows = build(args)
+    seconds = {"ours": [], "Trainer": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(args.rounds):
+            order = ("ours", "Trainer") if round_ % 2 == 0 else ("Trainer", "ours")
+            for side in order:
+                model = copy.deepcopy(initial)
+                seconds[side].append(ours(model, rows, args) if side == "ours" else
+                                     trainer(model, rows, args, folder))
+                print(f"round {round_ + 1} {side:<8} {args.steps / seconds[side][-1]:6.2f} steps/s", flush=True)
+    best = {side: args.steps / min(times) for side, times in seconds.items()}
+    median = {side: args.steps / statistics.median(times) for side, times in seconds.items()}
+    print(f"\nhidden {args.hidden}, {args.layers} layers, seq {args.seq}, batch {args.batch}, {args.dtype}, "
+          f"{args.steps} steps a run, {torch.get_num_threads()} threads")
+    print("| side | best steps/s | median steps/s |\n|---|---|---|")
+    for side in seconds:
+        print(f"| {side} | {best[side]:.2f} | {median[side]:.2f} |")
+    print(f"ours / Trainer (best): {best['ours'] / best['Trainer']:.2f}x (goal >= 1.0x)")
+
+
+if __name__ == "__main__":
+    main()
