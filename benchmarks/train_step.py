@@ -25,12 +25,13 @@ Step-1 losses of all MLM columns must agree (same weights and batch), and those 
 themselves, which the script checks. Goals at vocab 128256: ours >= 1.5x hf-sdpa (fastest and median rounds), and
 clm-chunked's step peak below clm-full's by at least half the bytes of the step's [tokens, vocab] fp32 logits.
 "step MiB" is each worker's peak resident memory during the timed rounds (VmHWM, reset before them through
-/proc/self/clear_refs; the model and optimizer state included, so compare columns); "peak MiB" the whole
-process's, model build included.
+/proc/self/clear_refs; the model and optimizer state included, so compare columns; nan where the kernel does not
+reset it, then the memory goal compares the process peaks); "peak MiB" the whole process's, model build included.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import resource
@@ -200,22 +201,27 @@ def worker(column: str, cfg: BenchConfig, conn) -> None:
 
 
 def reset_peak_rss() -> bool:
-    """Reset this process's peak resident set (Linux: "5" to /proc/self/clear_refs); False where it cannot."""
+    """Reset this process's peak resident set (Linux: "5" to /proc/self/clear_refs); False where it cannot, or
+    where the write is accepted but the peak stays (seen in this development machine's container)."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return True
     except OSError:
         return False
+    return peak_rss_mib() <= _status_mib("VmRSS") * 1.01
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    return float("nan")
 
 
 def peak_rss_mib() -> float:
     """VmHWM, the peak resident set since the last reset, in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    return float("nan")
+    return _status_mib("VmHWM")
 
 
 def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
@@ -310,9 +316,14 @@ def main(argv=None) -> int:
               f"{'met' if min(fastest, median) >= 1.5 else 'NOT met'}")
     if set(CLM_COLUMNS) <= set(columns):
         logits_mib = cfg.batch * cfg.seq * model_config(cfg).padded_vocab_size(1) * 4 / 2**20
-        saved = result["step_peak_rss_mib"]["clm-full"] - result["step_peak_rss_mib"]["clm-chunked"]
-        print(f"goal clm-chunked's step peak >= {logits_mib / 2:.0f} MiB (half the {logits_mib:.0f} MiB fp32 "
-              f"[tokens, vocab] logits) below clm-full's: {saved:.0f} MiB: {'met' if saved >= logits_mib / 2 else 'NOT met'}")
+        which = "step_peak_rss_mib"
+        if any(math.isnan(result[which][c]) for c in CLM_COLUMNS):
+            # The peak could not be reset: the process peaks (the same model build in both columns) compared.
+            which = "peak_rss_mib"
+        saved = result[which]["clm-full"] - result[which]["clm-chunked"]
+        print(f"goal clm-chunked's {'step' if which == 'step_peak_rss_mib' else 'process'} peak >= "
+              f"{logits_mib / 2:.0f} MiB (half the {logits_mib:.0f} MiB fp32 [tokens, vocab] logits) below clm-full's: "
+              f"{saved:.0f} MiB: {'met' if saved >= logits_mib / 2 else 'NOT met'}")
     print(f"chunked head: {chunk_tokens(cfg)} tokens per chunk; total {time.perf_counter() - start:.0f} s")
     if failed:
         print("FAIL: the columns did not train the same model on the same batch")
