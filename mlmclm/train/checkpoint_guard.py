@@ -169,8 +169,10 @@ def safe_extra_state(value, source: str):
     """A TE `_extra_state` value that TE's own loader can unpickle without running stored code.
 
     Byte tensors (TE ≥ 1.x) are decoded with the allow-list and re-pickled from what was decoded; BytesIO (older TE)
-    is read and re-saved with torch's weights-only loader. A value that does not decode at all is returned unchanged: a
-    pickle reader fails on it exactly where ours did, having imported nothing that ours refused.
+    is read and re-saved with torch's weights-only loader. A byte payload that does not decode is refused, not passed
+    on: TE would `pickle.loads` it unvetted, and its reader need not fail where ours did (a storage ours could not
+    read weights-only is one TE's `torch.load` reads in full). The one exception: an allow-listed class that cannot
+    be imported here, where any reader fails at the same import; the payload goes on as it is.
     """
     if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.numel() > 0:
         data = value.detach().cpu().numpy().tobytes()
@@ -178,8 +180,14 @@ def safe_extra_state(value, source: str):
             decoded = _AllowListUnpickler(data, source, _EXTRA_STATE_GLOBALS | _STORAGE_FROM_BYTES).load()
         except UnsafeCheckpointError:
             raise
-        except Exception:  # not a pickle (e.g. a stand-in's raw bytes): nothing in it can be imported or run
+        except (ImportError, AttributeError):
+            # An allow-listed class this install lacks (TE's recipe without TE: a TE run exported on CPU). TE's own
+            # unpickler, if TE is here at all, stops at the same import, having run only what ours vetted before it.
             return value
+        except Exception as err:
+            raise UnsafeCheckpointError(f"{source}: refused: this Transformer Engine extra state does not decode as "
+                                        f"the FP8 metadata TE writes ({type(err).__name__}: {err}); it is truncated, "
+                                        "corrupt or not TE's") from None
         return _vetted(torch.frombuffer(bytearray(pickle.dumps(decoded)), dtype=torch.uint8))
     if isinstance(value, io.BytesIO):
         value.seek(0)

@@ -144,8 +144,14 @@ def test_te_extra_state_is_handed_over_re_serialised_and_hostile_ones_refused(tm
     with pytest.raises(UnsafeCheckpointError, match="weights-only loader"):
         safe_extra_state(buffer, "ckpt: layer._extra_state")
     assert not marker.exists()
-    raw = torch.tensor(list(b"not-a-pickle"), dtype=torch.uint8)
-    assert safe_extra_state(raw, "x") is raw and safe_extra_state(None, "x") is None
+    # A payload that does not decode is refused rather than handed to TE's unvetted pickle.loads.
+    truncated = torch.frombuffer(bytearray(pickle.dumps(fp8_meta)[:-40]), dtype=torch.uint8)
+    for broken in (torch.tensor(list(b"not-a-pickle"), dtype=torch.uint8), truncated):
+        with pytest.raises(UnsafeCheckpointError, match=r"ckpt: x: refused: .*does not decode"):
+            safe_extra_state(broken, "ckpt: x")
+    assert safe_extra_state(None, "x") is None
+    empty = torch.empty(0, dtype=torch.uint8)   # megatron's local layers store an empty extra state
+    assert safe_extra_state(empty, "x") is empty
 
 
 def test_te_2_18s_opt_in_is_opened_only_for_vetted_extra_state(tmp_path):
