@@ -35,6 +35,7 @@ def render(f: dict) -> str:
     below = f["entropy"] - f["train_loss"]["mlm"]
     beat = fm["unigram"]["loss"] - fm["final"]["loss"]
     tasks = []
+    spread = max(100 * (max(scores.values()) - min(scores.values())) for scores in smoke.values())
     for task, scores in smoke.items():
         name, metric = TASK_NAMES.get(task, (task, "score"))
         tasks.append(f"{name} ({metric} {100 * scores['random init']:.1f} random / {100 * scores['CLM25']:.1f} CLM "
@@ -59,7 +60,8 @@ def render(f: dict) -> str:
         f"{100 * fm['final']['top1']:.1f} %: the final model is {abs(beat):.2f} nats "
         f"{'better' if beat > 0 else 'worse'} than the frequency baseline. "
         f"Smoke fine-tuning ({f['smoke_steps']} steps of 16 at LR {f['smoke_lr']:g}, one seed): "
-        + "; ".join(tasks) + f" — differences of a point or two, which one seed cannot call significant.")
+        + "; ".join(tasks) + f" — one fine-tuning seed each, so none of these differences (up to {spread:.1f} "
+        "points) can be called significant.")
 
 
 def replace_block(readme: str, paragraph: str) -> str:
