@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     log_file = out / "nemo_run.log"
     mlm_steps = args.steps - round(args.steps * CLM_SHARE)
     partial, _ = build("tiny_clm_mlm", [f"steps={args.steps}", *DEMO_OVERRIDES, f"schedule.decay_steps={mlm_steps}",
-                                        f"data_path={out / 'data'}", f"run_dir={run_dir}"])
+                                        f"data_path={out / 'data'}", f"run_dir={run_dir}",
+                                        "logging.run_name=demo"])
     cfg = partial.config
     _say(console, f"[2/5] recipe tiny_clm_mlm: {cfg.model.num_layers}-layer EuroBERT (hidden {cfg.model.hidden_size}), "
                   f"CLM {CLM_SHARE:.0%} → MLM (mask {cfg.phases[1].objective.mask_ratio:.0%}) of {args.steps} steps × "
@@ -246,9 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     for step in sorted(shown & set(held_out)):   # a few, the CLM phase end and the last
         _say(console, f"        step {step:>4}: CLM {held_out[step]['val/clm/loss']:.3f}, "
                       f"MLM {held_out[step]['val/mlm/loss']:.3f}")
-    _say(console, f"      TensorBoard: tensorboard --logdir_spec demo:{run_dir / 'tensorboard'} (tabs: Time Series; "
-                  f"Custom Scalars for both objectives and the validation on one chart; Text for the config and "
-                  f"the phase switch)")
+    _say(console, f"      TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'} (runs demo, demo/clm, "
+                  f"demo/mlm; tabs: Time Series, opening on the losses; Custom Scalars for both objectives and the "
+                  f"validation on one chart, a colour each; Text for the config and the phase switch)")
 
     _say(console, "[3/5] exporting to Hugging Face EuroBERT: CLM phase end, final, and a random-initialised baseline")
     from mlmclm.convert.to_hf import export_checkpoint

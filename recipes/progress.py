@@ -113,5 +113,5 @@ class RunProgress(threading.Thread):
         if not self.summary:
             return
         self._poll()  # what the last interval did not show yet (its step line without an ETA: the run is over)
-        self._say(f"metrics: {self.run_dir / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir_spec "
-                  f"{self.run_dir.name}:{self.run_dir / 'tensorboard'}; checkpoints: {self.run_dir / 'checkpoints'}")
+        self._say(f"metrics: {self.run_dir / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir "
+                  f"{self.run_dir / 'tensorboard'}; checkpoints: {self.run_dir / 'checkpoints'}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlmclm.tensorboard_tags import OBJECTIVES, TAG_TOKENS, loss_tag, tensorboard_tag
+from mlmclm.tensorboard_tags import OBJECTIVES, TAG_TOKENS, canonical_tag, loss_tag
 
 __all__ = ["OBJECTIVES", "TAG_TOKENS", "Scalars", "loss_tag", "read_scalars", "tokens_at"]
 
@@ -18,8 +18,9 @@ class Scalars:
 
 
 def read_scalars(log_dir: Path) -> dict[str, Scalars]:
-    """All scalar series under `log_dir` (every events file below it), merged per tag and sorted by step. Runs logged
-    under the older names (`train/clm/loss`, the metrics.jsonl keys) are read under today's tags."""
+    """All scalar series under `log_dir` (every events file below it), merged per canonical tag and sorted by step:
+    a folder whose parent folder holds events too is a phase's folder, its tags read as `<phase>/<tag>`. Runs
+    logged in older layouts (one folder; `train/clm/loss` or `clm/held_out_loss`) are read under today's tags."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     log_dir = Path(log_dir)
@@ -28,10 +29,11 @@ def read_scalars(log_dir: Path) -> dict[str, Scalars]:
         raise FileNotFoundError(f"{log_dir}: no TensorBoard events files (events.out.tfevents.*) found below it")
     merged: dict[str, dict[int, float]] = {}
     for directory in event_dirs:
+        phase_folder = directory.name if directory.parent in event_dirs else None
         accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})  # 0 = keep every point
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
-            series = merged.setdefault(tensorboard_tag(tag), {})
+            series = merged.setdefault(canonical_tag(phase_folder, tag), {})
             for event in accumulator.Scalars(tag):
                 series[event.step] = event.value  # a resumed run re-logs steps: the later file wins
     out = {}

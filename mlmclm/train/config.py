@@ -11,6 +11,7 @@ from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
 from mlmclm.parallel.runtime import ParallelConfig
+from mlmclm.tensorboard_tags import PHASE_NAME
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
 
 
@@ -21,7 +22,7 @@ class PhaseConfig:
     objective: ObjectiveConfig
     steps: int | None = None
     fraction: float | None = None
-    name: str | None = None  # default: "clm", or "mlm" — also the TensorBoard tag group
+    name: str | None = None  # default: "clm", or "mlm" — also the phase's TensorBoard run folder
 
     def __post_init__(self):
         if (self.steps is None) == (self.fraction is None):
@@ -32,6 +33,9 @@ class PhaseConfig:
             raise ValueError(f"phase.fraction must be in (0, 1], got {self.fraction}")
         if self.name is None:
             self.name = self.objective.kind
+        if not isinstance(self.name, str) or not PHASE_NAME.fullmatch(self.name):
+            raise ValueError(f"phase.name must be a plain name (letters, digits, '_', '.', '-'; it names the phase's "
+                             f"metrics and TensorBoard folder), got {self.name!r}")
 
 
 @dataclass
@@ -118,6 +122,13 @@ class LoggingConfig:
     log_interval: int = 10  # console line every N steps (rank 0); TensorBoard gets every step
     tensorboard: bool = True
     peak_tflops: float | None = None  # per-GPU peak for MFU; default looked up from the device name
+    run_name: str | None = None  # TensorBoard's name of the run (RUN/tensorboard/NAME); default: the run dir's name
+
+    def __post_init__(self):
+        if self.run_name is not None and (not isinstance(self.run_name, str)
+                                          or not PHASE_NAME.fullmatch(self.run_name)):
+            raise ValueError(f"logging.run_name must be a plain name (letters, digits, '_', '.', '-'; it names the "
+                             f"run's TensorBoard folder), got {self.run_name!r}")
 
 
 @dataclass
@@ -263,6 +274,14 @@ class TrainConfig:
     @property
     def tensorboard_dir(self) -> Path:
         return Path(self.run_dir) / "tensorboard"
+
+    @property
+    def tensorboard_run_name(self) -> str:
+        """The run's name in TensorBoard: its events lie in tensorboard_dir / this name (mlmclm/tensorboard_tags.py)."""
+        if self.logging.run_name is not None:
+            return self.logging.run_name
+        name = Path(self.run_dir).resolve().name
+        return name if PHASE_NAME.fullmatch(name) else "run"
 
     def to_dict(self) -> dict:
         return config_io.to_dict(self)

@@ -1,15 +1,16 @@
-"""Per-step metrics: metrics.jsonl, TensorBoard event files (rank 0; tag names in mlmclm/tensorboard_tags.py) and a
-compact console line every N steps."""
+"""Per-step metrics: metrics.jsonl, TensorBoard event files (rank 0; layout and tag names in
+mlmclm/tensorboard_tags.py) and a compact console line every N steps."""
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
 import psutil
 
-from mlmclm.tensorboard_tags import tensorboard_tag
+from mlmclm.tensorboard_tags import phase_location, phase_tag, tensorboard_tag
 
 log = logging.getLogger("mlmclm.train")
 
@@ -24,41 +25,51 @@ def memory_gb() -> float:
 
 class MetricsLogger:
     def __init__(self, tensorboard_dir: Path | None, log_interval: int, enabled: bool, hparams: dict,
-                 phase_names: list[str], metrics_file: Path | None = None, mfu: bool = True):
+                 phase_names: list[str], metrics_file: Path | None = None, mfu: bool = True,
+                 run_name: str = "run"):
         self.enabled = enabled
         self.log_interval = log_interval
         self.writer = None
+        self.run_dir: Path | None = None
+        self._phase_writers: dict = {}
         # Every step's metrics as JSON lines (exact floats; appended across resumes) for scripts and tests.
         self.metrics_file = open(metrics_file, "a") if enabled and metrics_file is not None else None
         if enabled and tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(tensorboard_dir))
+            self.run_dir = Path(tensorboard_dir) / run_name
+            self.writer = SummaryWriter(log_dir=str(self.run_dir))
             self.writer.add_text("config", "```json\n" + json.dumps(hparams, indent=1) + "\n```", 0)
-            self._layout(phase_names, mfu)
+            self._layout(mfu)
         self._last = time.perf_counter()
 
-    def _layout(self, phase_names: list[str], mfu: bool) -> None:
-        """Group the charts: one loss/accuracy chart across objectives, throughput, optimisation. No MFU chart where
-        the device's peak is unknown (CPU): it would stay empty."""
-        objectives = sorted(set(phase_names))
+    def _phase_writer(self, folder: str):
+        """The writer of one phase's run folder (below the run's own), opened when its first value comes."""
+        if folder not in self._phase_writers:
+            from torch.utils.tensorboard import SummaryWriter
 
+            self._phase_writers[folder] = SummaryWriter(log_dir=str(self.run_dir / folder))
+        return self._phase_writers[folder]
+
+    def _layout(self, mfu: bool) -> None:
+        """Group the charts: training and held-out loss and accuracy, each chart holding every phase's run folder
+        (one colour per phase), then throughput and optimisation. No MFU chart where the device's peak is unknown
+        (CPU): it would stay empty. Chart entries are regular expressions over tags, anchored so that `loss` does
+        not also draw `loss_held_out`."""
         def chart(*keys: str) -> list:
-            return ["Multiline", [tensorboard_tag(k) for k in keys]]
+            return ["Multiline", [f"^{re.escape(tensorboard_tag(k))}$" for k in keys]]
+
+        def phase_chart(split: str, metric: str) -> list:
+            return ["Multiline", [f"^{phase_tag(split, metric)}$"]]
 
         throughput = {"tokens/s": chart("perf/tokens_per_s"), "TFLOP/s per GPU": chart("perf/tflops_per_gpu")}
         if mfu:
             throughput["MFU"] = chart("perf/mfu")
         self.writer.add_custom_scalars({
-            "objectives": {
-                "loss": chart(*(f"train/{o}/loss" for o in objectives)),
-                "accuracy": chart(*(f"train/{o}/accuracy" for o in objectives)),
-            },
-            "throughput": throughput,
+            "objectives": {"loss": phase_chart("train", "loss"), "accuracy": phase_chart("train", "accuracy")},
             "validation": {  # held-out losses of both objectives, whatever the run trains
-                "loss": chart("val/clm/loss", "val/mlm/loss"),
-                "accuracy": chart("val/clm/accuracy", "val/mlm/accuracy"),
-            },
+                "loss": phase_chart("val", "loss"), "accuracy": phase_chart("val", "accuracy")},
+            "throughput": throughput,
             "optimisation": {"lr": chart("train/lr"), "grad norm": chart("train/grad_norm")},
         })
 
@@ -91,7 +102,11 @@ class MetricsLogger:
         metrics.update(extra)
         if self.writer is not None:
             for key, value in metrics.items():
-                self.writer.add_scalar(tensorboard_tag(key), value, step)
+                located = phase_location(key)
+                if located is None:
+                    self.writer.add_scalar(tensorboard_tag(key), value, step)
+                else:
+                    self._phase_writer(located[0]).add_scalar(located[1], value, step)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps({"step": step, "phase": phase_name, **metrics}) + "\n")
             self.metrics_file.flush()
@@ -111,17 +126,32 @@ class MetricsLogger:
         """The HParams tab: this run's settings beside the last values of its own curves (`metric_keys`, named as in
         metrics.jsonl).
 
-        Written into the run itself, not as torch's `add_hparams` does (a second run named "hparams" holding one
-        point per metric, whose single-point cards then opened TensorBoard's Time Series view)."""
-        if self.writer is not None:
-            from torch.utils.tensorboard.summary import hparams as hparams_summary
+        Written into the run's own folder (the HParams "session"), each metric named by its phase folder below it
+        (the metric's "group") and its tag there; not as torch's `add_hparams` does (a second run named "hparams"
+        holding one point per metric, whose single-point cards then opened TensorBoard's Time Series view)."""
+        if self.writer is None:
+            return
+        from tensorboard.plugins.hparams import plugin_data_pb2
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-            for summary in hparams_summary(hparams, dict.fromkeys(map(tensorboard_tag, metric_keys), 0.0)):
-                self.writer.file_writer.add_summary(summary)
+        names = {}
+        for key in metric_keys:
+            located = phase_location(key)
+            names[tensorboard_tag(key)] = located if located is not None else ("", tensorboard_tag(key))
+        experiment, start, end = hparams_summary(hparams, dict.fromkeys(names, 0.0))
+        # torch names a metric by its tag alone, which the HParams plugin looks up in the session's own folder.
+        plugin = experiment.value[0].metadata.plugin_data
+        data = plugin_data_pb2.HParamsPluginData.FromString(plugin.content)
+        for info in data.experiment.metric_infos:
+            info.name.group, info.name.tag = names[info.name.tag]
+        plugin.content = data.SerializeToString()
+        for summary in (experiment, start, end):
+            self.writer.file_writer.add_summary(summary)
 
     def close(self) -> None:
         if self.metrics_file is not None:
             self.metrics_file.close()
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        for writer in [self.writer, *self._phase_writers.values()]:
+            if writer is not None:
+                writer.flush()
+                writer.close()

@@ -270,7 +270,8 @@ class _Run:
         peak = _peak_tflops(cfg)
         logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
                                self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
-                               metrics_file=Path(cfg.run_dir) / "metrics.jsonl", mfu=peak is not None)
+                               metrics_file=Path(cfg.run_dir) / "metrics.jsonl", mfu=peak is not None,
+                               run_name=cfg.tensorboard_run_name)
         final_losses: dict[str, float] = {}
         gc_control = ManualGC(cfg.manual_gc_interval)
         gc_control.start()

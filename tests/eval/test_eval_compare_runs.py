@@ -59,6 +59,45 @@ def test_runs_logged_under_the_older_tag_names_are_read_under_todays(tmp_path):
     assert list(scalars[TAG_TOKENS].values) == [256.0, 512.0] and "train/clm/loss" not in scalars
 
 
+def test_runs_logged_in_the_one_folder_layout_are_read_under_todays_tags(tmp_path):
+    """Runs logged before the phase folders (one folder; `clm/accuracy`, `clm/held_out_loss`)."""
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step in (1, 2):
+        writer.add_scalar("clm/loss", 4.0 - step, step)
+        writer.add_scalar("clm/accuracy", 0.1 * step, step)
+        writer.add_scalar("mlm/held_out_loss", 5.0 - step, step)
+    writer.close()
+    scalars = read_scalars(tmp_path)
+    assert set(scalars) == {"clm/loss", "clm/token_accuracy", "mlm/loss_held_out"}
+    assert list(scalars["mlm/loss_held_out"].values) == [4.0, 3.0]
+
+
+def test_the_trainers_phase_folders_are_read_as_one_flat_set_of_tags(tmp_path):
+    """What the training loop's logger writes (the run's folder, a folder per phase below it), read back under the
+    canonical tags; a resumed run's second writer re-logs a step, and the later value wins."""
+    from types import SimpleNamespace
+
+    from mlmclm.train.logger import MetricsLogger
+
+    def log(steps, offset):
+        logger = MetricsLogger(tmp_path, 10, True, {}, ["clm", "mlm"], mfu=False, run_name="mine")
+        for step in steps:
+            phase = "clm" if step <= 2 else "mlm"
+            result = SimpleNamespace(loss=10.0 - step + offset, accuracy=0.1, lr=1e-3, grad_norm=1.0, skipped=False)
+            extra = {"val/clm/loss": 7.0, "val/mlm/loss": 8.0 + offset} if step == 2 else None
+            logger.step(step, phase, int(phase == "mlm"), result, step * 64, 64, 2, 1e6, 1, None, extra)
+        logger.close()
+
+    log([1, 2, 3], 0.0)
+    log([3, 4], 0.5)
+    assert {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_dir()} == \
+        {"mine", "mine/clm", "mine/mlm"}
+    scalars = read_scalars(tmp_path)
+    assert list(scalars["clm/loss"].steps) == [1, 2] and list(scalars["mlm/loss"].values) == [7.5, 6.5]
+    assert scalars["mlm/loss_held_out"].values.tolist() == [8.0] and "clm/token_accuracy" in scalars
+    assert list(scalars[TAG_TOKENS].steps) == [1, 2, 3, 4] and "loss" not in scalars
+
+
 def test_compare_runs_writes_pngs_and_table(two_runs):
     out = two_runs / "cmp"
     table = compare_runs([RunInputs("CLM", two_runs / "clm" / "tb", two_runs / "clm" / "eval"),

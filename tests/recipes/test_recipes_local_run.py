@@ -3,8 +3,7 @@ import json
 import re
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+from mlmclm.eval.tensorboard_logs import read_scalars
 from recipes import launch
 
 
@@ -24,12 +23,12 @@ def test_tiny_clm_mlm_runs_with_the_local_executor(uninterrupted_tiny_run):
     assert (state["iteration"], state["phase_name"]) == (steps, "mlm")
     assert (checkpoints / "iter_0000003").exists()  # the CLM phase's end (25 % of 12 steps)
 
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    assert {"clm/loss", "mlm/loss", "optimisation/lr"} <= tags  # mlmclm/tensorboard_tags.py
-    assert [e.step for e in events.Scalars("clm/loss")] == [1, 2, 3]
-    assert [e.step for e in events.Scalars("mlm/loss")] == list(range(4, steps + 1))
+    scalars = read_scalars(run_dir / "tensorboard")
+    assert {"clm/loss", "mlm/loss", "optimisation/lr"} <= set(scalars)  # mlmclm/tensorboard_tags.py
+    assert list(scalars["clm/loss"].steps) == [1, 2, 3]
+    assert list(scalars["mlm/loss"].steps) == list(range(4, steps + 1))
+    # TensorBoard names the run after its directory (events in RUN/tensorboard/NAME, a phase per folder below)
+    assert {p.name for p in (run_dir / "tensorboard" / run_dir.name).iterdir() if p.is_dir()} == {"clm", "mlm"}
     # NeMo-Run kept the torchrun logs of both ranks.
     assert len({p.parent.name for p in uninterrupted_tiny_run.nemo_home.rglob("attempt_0/*/stderr.log")}) == 2
 

@@ -1,13 +1,14 @@
 """End-to-end training on megatron-core over gloo: phases, exact resume, reshard, atomic saves, CPT, guards, logs."""
 import json
 import math
+import re
 import shutil
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train_scenarios as sc
+from mlmclm.eval.tensorboard_logs import read_scalars
 from mlmclm.parallel.launch import spawn
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.tensorboard_tags import tensorboard_tag
@@ -77,35 +78,62 @@ def test_checkpoints_follow_megatron_layout_and_keep_phase_end(reference):
 
 def test_tensorboard_has_the_promised_tags(reference):
     run_dir, _ = reference
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    scalars = set(events.Tags()["scalars"])
+    scalars = read_scalars(run_dir / "tensorboard")
     for key in ("train/clm/loss", "train/mlm/loss", "train/clm/accuracy", "train/mlm/accuracy", "train/lr",
                 "train/grad_norm", "train/tokens", "train/phase", "perf/tokens_per_s", "perf/samples_per_s",
                 "perf/tflops_per_gpu", "perf/memory_gb"):
         assert tensorboard_tag(key) in scalars, key
-    assert len(events.Scalars("mlm/loss")) == sc.TOTAL - sc.SWITCH
-    texts = " ".join(t.tensor_proto.string_val[0].decode() for t in events.Tensors("phase/text_summary"))
-    assert "switch to phase 1 'mlm'" in texts
-    # TensorBoard's first screen: Time Series lists tag groups alphabetically, so the objectives' curves come first
-    # (not `perf/`, which used to sort before `train/`). The run's own curves only: no second run holding
-    # single-point "final" cards, no empty MFU chart on CPU; the HParams tab reads the run's own loss curves.
-    groups = sorted({tag.split("/")[0] for tag in scalars})
-    assert groups[:2] == ["clm", "mlm"], groups
-    assert {"clm/loss", "clm/accuracy", "mlm/loss", "optimisation/lr", "performance/tokens_per_s"} <= scalars
-    assert [p.name for p in (run_dir / "tensorboard").iterdir() if p.is_dir()] == []
+    assert len(scalars["mlm/loss"].steps) == sc.TOTAL - sc.SWITCH
     assert not any(tag.startswith("final/") for tag in scalars) and "performance/mfu" not in scalars
+
+
+def test_tensorboard_names_the_run_and_gives_each_phase_its_own_run(reference):
+    """What TensorBoard itself makes of the folder (its own multiplexer names the runs as `tensorboard --logdir`
+    does): the run under the run directory's name, each phase a run below it (TensorBoard colours by run, so CLM
+    and MLM get a colour each), no run called "."; the losses sort first in Time Series; the Custom Scalars charts
+    and the HParams metrics name tags that exist where they are looked up."""
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
     from tensorboard.plugins.custom_scalar import layout_pb2
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    layout = layout_pb2.Layout.FromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
-    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
-    assert "MFU" not in charts and {"loss", "tokens/s", "lr"} <= set(charts)
-    assert all(tag in scalars for tag in charts["lr"] + charts["tokens/s"]), charts  # the charts name real tags
-    hparams = [plugin_data_pb2.HParamsPluginData.FromString(content) for content in
-               events.PluginTagToContent("hparams").values()]
-    metrics = {m.name.tag for h in hparams if h.HasField("experiment") for m in h.experiment.metric_infos}
-    assert {"clm/loss", "mlm/loss"} <= metrics <= scalars
+    run_dir, _ = reference
+    name = run_dir.name
+    multiplexer = EventMultiplexer().AddRunsFromDirectory(str(run_dir / "tensorboard"))
+    multiplexer.Reload()
+    assert set(multiplexer.Runs()) == {name, f"{name}/clm", f"{name}/mlm"}, set(multiplexer.Runs())
+    tags = {run: set(tag_map) for run, tag_map in multiplexer.PluginRunToTagToContent("scalars").items()}
+    assert tags[f"{name}/clm"] == tags[f"{name}/mlm"] == {"loss", "token_accuracy"}  # (this run holds no data out)
+    assert {"optimisation/lr", "performance/tokens_per_s", "progress/tokens"} <= tags[name]
+    assert not tags[name] & {"loss", "token_accuracy"}
+    assert [e.step for e in multiplexer.Tensors(f"{name}/clm", "loss")] == list(range(1, sc.SWITCH + 1))
+    # Time Series: groups (the part before the first '/') in alphabetical order, the losses first.
+    groups = sorted({tag.split("/")[0] for run_tags in tags.values() for tag in run_tags})
+    assert groups[0] == "loss" and groups[-1] == "token_accuracy", groups
+    texts = " ".join(t.tensor_proto.string_val[0].decode() for t in multiplexer.Tensors(name, "phase/text_summary"))
+    assert "switch to phase 1 'mlm'" in texts
+
+    layout = layout_pb2.Layout.FromString(
+        multiplexer.Tensors(name, "custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {(category.title, chart.title): list(chart.multiline.tag)
+              for category in layout.category for chart in category.chart}
+    assert ("throughput", "MFU") not in charts
+
+    def drawn(chart) -> set:  # (run, tag) pairs a chart draws: the plugin matches each regex against every tag
+        return {(run, tag) for run, run_tags in tags.items() for tag in run_tags
+                for regex in charts[chart] if re.match(regex, tag)}
+
+    assert drawn(("objectives", "loss")) == {(f"{name}/clm", "loss"), (f"{name}/mlm", "loss")}
+    assert charts["validation", "loss"] == ["^loss_held_out$"]   # what the held-out runs write (test_random_length_run)
+    assert drawn(("optimisation", "lr")) == {(name, "optimisation/lr")}
+    assert drawn(("throughput", "tokens/s")) == {(name, "performance/tokens_per_s")}
+
+    hparams = [plugin_data_pb2.HParamsPluginData.FromString(content)
+               for content in multiplexer.PluginRunToTagToContent("hparams")[name].values()]
+    metrics = {(m.name.group, m.name.tag) for h in hparams if h.HasField("experiment")
+               for m in h.experiment.metric_infos}
+    assert metrics == {("clm", "loss"), ("mlm", "loss")}
+    # the plugin reads a metric from the run session/group: each one names a tag that exists there
+    assert all(tag in tags[f"{name}/{group}" if group else name] for group, tag in metrics), metrics
 
 
 def test_torn_save_is_removed_and_a_resume_from_before_the_switch_is_exact(reference, data, tmp_path):

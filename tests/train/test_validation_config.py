@@ -21,10 +21,20 @@ def build(tmp_path, **overrides):
     ({"data": {"path": "d", "random_length": {"min_length": 20, "max_length": 10}}}, "data.random_length"),
     ({"data": {"path": "d", "random_length": {"min_length": 12, "max_length": 4096}}},
      "data.random_length.max_length"),
+    # names that become folders of the TensorBoard layout (mlmclm/tensorboard_tags.py): one plain component
+    ({"phases": [{"objective": {"kind": "clm"}, "fraction": 1.0, "name": "../clm"}]}, "phase.name"),
+    ({"phases": [{"objective": {"kind": "clm"}, "fraction": 1.0, "name": "mlm 40%"}]}, "phase.name"),
+    ({"logging": {"run_name": "a/b"}}, "logging.run_name"),
 ])
 def test_bad_settings_name_their_field(tmp_path, overrides, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         build(tmp_path, **overrides)
+
+
+def test_tensorboard_run_name_defaults_to_the_run_directorys_name(tmp_path):
+    named = TrainConfig.from_dict(sc.config(tmp_path / "my-run.2", tmp_path / "data"))
+    assert named.tensorboard_run_name == "my-run.2"
+    assert build(tmp_path, logging={"run_name": "clm-42k"}).tensorboard_run_name == "clm-42k"
 
 
 def test_validation_follows_the_manifest_and_says_when_it_cannot(tmp_path):
