@@ -1,20 +1,27 @@
 """Chunked output layer + vocab-parallel cross entropy: the logits of a few tokens at a time, never of them all.
 
 At the paper's 128,256-token vocabulary the `[tokens, vocab]` logits dwarf everything else a step holds (5.8 GB in
-bf16 at 22.5k tokens, before the fp32 copies megatron's loss makes and the logits' gradient). `ChunkedLinearCE`
-runs the output layer and the cross entropy over `chunk_tokens` rows at a time: the forward keeps, per token,
-only the log of the softmax's normaliser (max + log of the sum of exponentials, one fp32 number); the backward
-recomputes each chunk's logits
-from the hidden states and the weight, turns them into the softmax gradient and multiplies it out at once. So no
-tensor larger than `[chunk_tokens, vocab / tp]` fp32 ever exists, at the price of one more output-layer matmul
-(the recomputation) per step.
+bf16 at 22.5k tokens, before the fp32 copies megatron's loss makes and the logits' gradient).
+`chunked_linear_cross_entropy` runs the output layer and the cross entropy over `chunk_tokens` rows at a time and
+returns the loss already reduced as the training step reduces it: the sum over tokens of each token's loss times
+its weight (the loss mask; 1 at the sparse head's positions). Because that reduction is known in the forward, the
+forward also computes, chunk by chunk while the chunk's softmax is at hand, the gradients of that sum with respect
+to the hidden states and the output weight (Liger's fused linear + cross entropy does the same on GPUs). The
+backward only multiplies them by the incoming gradient, a scalar: no logits are recomputed, so a step makes the
+three output-layer matmuls megatron's head makes (logits, input gradient, weight gradient), not four.
+
+Memory: no tensor larger than one chunk's `[chunk_tokens, vocab / tp]` fp32 logits (and, in bf16, their bf16 copy
+for the matmuls) ever exists. Held from the forward to the backward, instead of the inputs: the gradient of the
+hidden states, `[n, h]` in their dtype, and the gradient of this rank's weight shard, `[v / tp, h]` in fp32 (summed
+over the chunks in fp32 and rounded once, as one big matmul would). Without gradients (validation, evaluation:
+`torch.no_grad()`, or inputs that do not require them) only the loss is computed: one matmul per chunk.
 
 The arithmetic is megatron's `vocab_parallel_cross_entropy`, chunk by chunk, on each rank's vocabulary shard:
 logits cast to fp32, the max all-reduced (MAX) over the tensor-parallel group and subtracted, the label's
 logit picked where it lies in this shard, exponentiated and summed, then the label logit and the sum all-reduced
-(SUM; one collective for both); loss = log(sum) - label logit. Token accuracy comes from the same numbers for free:
-a token is right when its label's logit is the global max (shifted: when it is >= 0), as `correct_predictions`
-counts it from the full logits.
+(SUM; one collective for both); loss = log(sum) - label logit; its gradient in the logits is softmax - one-hot,
+from the same exponentials. Token accuracy comes from the same numbers for free: a token is right when its label's
+logit is the global max (shifted: when it is >= 0), as `correct_predictions` counts it from the full logits.
 
 `chunked_head_loss` is a `GPTModel` output processor (as `mlmclm.model.sparse_head`): it receives the final
 hidden states on the last pipeline stage, gathers the sequence-parallel shards (backward: reduce-scatter, as the
@@ -45,6 +52,100 @@ def validate_chunk_tokens(value) -> int:
     return value
 
 
+def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                                 token_weights: torch.Tensor | None, chunk_tokens: int, group):
+    """loss, losses, correct = chunked_linear_cross_entropy(hidden [n, h], weight [v/tp, h], labels [n],
+    token_weights [n] or None, chunk_tokens, group)
+
+    `loss` is Σ token_weights × per-token cross entropy (fp32, 0-dim; token_weights None = all 1), the only
+    differentiable output: its gradient in `hidden` and `weight` is computed in this forward, when grad is enabled
+    and they require it. `losses` (fp32) and `correct` (0/1) per token are detached, for logging. `weight` is this
+    rank's vocabulary shard (rows `rank * v/tp` onwards), `labels` global token ids. The caller makes `hidden` the
+    same on every rank of `group` and sums its gradient over them (the TP region)."""
+    if token_weights is not None and token_weights.shape != labels.shape:
+        raise ValueError(f"token_weights {tuple(token_weights.shape)} must match labels {tuple(labels.shape)}")
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _ChunkedLinearCE.apply(hidden, weight, labels, token_weights, chunk_tokens, group)
+    with torch.no_grad():
+        loss, losses, correct, _, _ = _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens, group,
+                                                    need_hidden=False, need_weight=False)
+    return loss, losses, correct
+
+
+class _ChunkedLinearCE(torch.autograd.Function):
+    """The gradients, made in the forward and saved (not the inputs); the backward scales them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, token_weights, chunk_tokens: int, group):
+        loss, losses, correct, grad_hidden, grad_weight = _chunk_passes(
+            hidden, weight, labels, token_weights, chunk_tokens, group,
+            need_hidden=ctx.needs_input_grad[0], need_weight=ctx.needs_input_grad[1])
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(losses, correct)
+        return loss, losses, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_losses, _grad_correct):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        # Scaled out of place: the saved gradients stay as made (a retained graph's second backward reads them
+        # again, and the TP region's all-reduce works in place on what we return).
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden * grad_loss
+        if grad_weight is not None:
+            grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, group, need_hidden: bool,
+                  need_weight: bool):
+    """The loss, per-token losses and accuracy, and (when asked) the loss's gradients, one chunk at a time."""
+    rank, world = _tp_info(group)
+    shard = weight.shape[0]
+    start = rank * shard
+    n = hidden.shape[0]
+    losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    correct = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    if token_weights is not None:
+        token_weights = token_weights.to(torch.float32)
+    grad_hidden = torch.empty_like(hidden) if need_hidden else None
+    # Summed over chunks in fp32 (one rounding to the weight's dtype in the backward, as one big matmul would).
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+    chunk = _ChunkBuffers(min(chunk_tokens, n), weight)
+    for lo in range(0, n, chunk_tokens):
+        hi = min(lo + chunk_tokens, n)
+        inputs = hidden[lo:hi]
+        logits = chunk.logits(inputs, weight)  # [c, v/tp] fp32, this chunk's buffer
+        row_max = logits.max(dim=-1).values
+        _all_reduce(row_max, dist.ReduceOp.MAX, group, world)
+        logits -= row_max.unsqueeze(-1)
+        local, in_shard = _local_labels(labels[lo:hi], start, shard)
+        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1) * in_shard
+        torch.exp(logits, out=logits)
+        both = torch.stack([picked, logits.sum(dim=-1)])
+        _all_reduce(both, dist.ReduceOp.SUM, group, world)
+        picked, total = both[0], both[1]
+        losses[lo:hi] = torch.log(total) - picked
+        correct[lo:hi] = (picked >= 0).float()
+        if not (need_hidden or need_weight):
+            continue
+        # d(weight × loss) / d logits = weight × (softmax - one-hot), the softmax from the exponentials at hand.
+        scale = 1 / total if token_weights is None else token_weights[lo:hi] / total
+        logits *= scale.unsqueeze(-1)
+        label_grad = in_shard if token_weights is None else in_shard * token_weights[lo:hi]
+        logits[torch.arange(hi - lo, device=logits.device), local] -= label_grad
+        grad = chunk.in_compute_dtype(logits)
+        if need_hidden:
+            torch.mm(grad, weight, out=grad_hidden[lo:hi])
+        if need_weight:
+            if grad.dtype == torch.float32:
+                grad_weight.addmm_(grad.t(), inputs)
+            else:
+                grad_weight += (grad.t() @ inputs).float()
+    loss = losses.sum() if token_weights is None else (losses * token_weights).sum()
+    return loss, losses, correct, grad_hidden, grad_weight
+
+
 def _tp_info(group) -> tuple[int, int]:
     if group is None or not dist.is_initialized():
         return 0, 1
@@ -54,78 +155,6 @@ def _tp_info(group) -> tuple[int, int]:
 def _all_reduce(tensor: torch.Tensor, op, group, world: int) -> None:
     if world > 1:
         dist.all_reduce(tensor, op=op, group=group)
-
-
-class ChunkedLinearCE(torch.autograd.Function):
-    """losses, correct = ChunkedLinearCE.apply(hidden [n, h], weight [v/tp, h], labels [n], chunk_tokens, group)
-
-    `weight` is this rank's vocabulary shard (rows `rank * v/tp` onwards), `labels` global token ids; `losses` are
-    fp32 per token (differentiable in `hidden` and `weight`), `correct` 0/1 per token (not differentiable). The
-    caller makes `hidden` the same on every rank of `group` and sums its gradient over them (the TP region)."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk_tokens: int, group):
-        rank, world = _tp_info(group)
-        shard = weight.shape[0]
-        start = rank * shard
-        n = hidden.shape[0]
-        losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        correct = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        log_normaliser = torch.empty(n, dtype=torch.float32, device=hidden.device)  # max + log(sum of exp)
-        chunk = _ChunkBuffers(min(chunk_tokens, n), weight)
-        for lo in range(0, n, chunk_tokens):
-            hi = min(lo + chunk_tokens, n)
-            logits = chunk.logits(hidden[lo:hi], weight)  # [c, v/tp] fp32, this chunk's buffer
-            row_max = logits.max(dim=-1).values
-            _all_reduce(row_max, dist.ReduceOp.MAX, group, world)
-            logits -= row_max.unsqueeze(-1)
-            local, in_shard = _local_labels(labels[lo:hi], start, shard)
-            picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1) * in_shard
-            torch.exp(logits, out=logits)
-            both = torch.stack([picked, logits.sum(dim=-1)])
-            _all_reduce(both, dist.ReduceOp.SUM, group, world)
-            picked, total = both[0], both[1]
-            log_total = torch.log(total)
-            losses[lo:hi] = log_total - picked
-            correct[lo:hi] = (picked >= 0).float()
-            log_normaliser[lo:hi] = row_max + log_total
-        ctx.save_for_backward(hidden, weight, labels, log_normaliser)
-        ctx.chunk_tokens, ctx.start = chunk_tokens, start
-        ctx.mark_non_differentiable(correct)
-        return losses, correct
-
-    @staticmethod
-    def backward(ctx, grad_losses, _grad_correct):
-        hidden, weight, labels, log_normaliser = ctx.saved_tensors
-        chunk_tokens, start, shard, n = ctx.chunk_tokens, ctx.start, weight.shape[0], hidden.shape[0]
-        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        # Summed over chunks in fp32 (one rounding to the weight's dtype at the end, as one big matmul would).
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        if grad_losses is None:
-            grad_losses = torch.zeros_like(log_normaliser)
-        chunk = _ChunkBuffers(min(chunk_tokens, n), weight)
-        for lo in range(0, n, chunk_tokens):
-            hi = min(lo + chunk_tokens, n)
-            # The softmax, recomputed from the forward's per-token max + log(sum): exp(logits - that).
-            grad = chunk.logits(hidden[lo:hi], weight)
-            grad -= log_normaliser[lo:hi].unsqueeze(-1)
-            torch.exp(grad, out=grad)
-            local, in_shard = _local_labels(labels[lo:hi], start, shard)
-            rows = torch.arange(hi - lo, device=grad.device)
-            grad[rows, local] -= in_shard
-            grad *= grad_losses[lo:hi].unsqueeze(-1)
-            grad = chunk.in_compute_dtype(grad)
-            if need_hidden:
-                torch.matmul(grad, weight, out=grad_hidden[lo:hi])
-            if need_weight:
-                if grad.dtype == torch.float32:
-                    grad_weight.addmm_(grad.t(), hidden[lo:hi])
-                else:
-                    grad_weight += (grad.t() @ hidden[lo:hi]).float()
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
 
 
 class _ChunkBuffers:
@@ -169,15 +198,17 @@ class ChunkedHead:
 
     chunk_tokens: int
     positions: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None  # [b, s], every position's head: which of them count for accuracy
+    loss_mask: torch.Tensor | None = None  # [b, s], every position's head: each position's weight in the loss
     correct: torch.Tensor | None = None
 
 
 def chunked_head_loss(*, hidden_states, output_layer, output_weight, labels, context: ChunkedHead, config,
                       **_unused):
-    """`GPTModel` output processor: per-token losses, [b, s] for every position or [1, n] at `context.positions`
-    (with `labels` already selected, as for `sparse_head_loss`). The count of correct predictions (at
-    `context.loss_mask`'s positions; every selected position counts) is left in `context.correct`."""
+    """`GPTModel` output processor: the micro-batch's summed loss, 0-dim fp32 — Σ loss_mask × per-token loss over
+    every position, or Σ per-token loss at `context.positions` (with `labels` already selected, [1, n], as for
+    `sparse_head_loss`). That is the sum the training step's loss function hands megatron's schedule, which
+    divides it by the token count and calls backward on it, so its gradient is exact. The count of correct
+    predictions (at the loss mask's positions; every selected position counts) is left in `context.correct`."""
     if getattr(config, "use_mup", False):
         raise NotImplementedError("the chunked head does not scale logits (MuP): set head_chunk_tokens: 0")
     weight = output_weight if output_weight is not None else output_layer.weight
@@ -189,16 +220,15 @@ def chunked_head_loss(*, hidden_states, output_layer, output_weight, labels, con
         hidden_states = copy_to_tensor_model_parallel_region(hidden_states, group=group)
     seq, batch = hidden_states.shape[0], hidden_states.shape[1]
     flat = hidden_states.reshape(seq * batch, hidden_states.shape[-1])
+    token_weights = None
     if context.positions is not None:
         flat = flat.index_select(0, context.positions)
         targets = labels.reshape(-1)
     else:
         targets = labels.transpose(0, 1).reshape(-1)  # [b, s] -> the sequence-major order of `flat`
-    losses, correct = ChunkedLinearCE.apply(flat, weight, targets, context.chunk_tokens, group)
-    if context.positions is not None:
-        context.correct = correct.sum()
-        return losses.unsqueeze(0)
-    losses = losses.reshape(seq, batch).transpose(0, 1)
-    correct = correct.reshape(seq, batch).transpose(0, 1)
-    context.correct = (correct * context.loss_mask).sum() if context.loss_mask is not None else correct.sum()
-    return losses
+        if context.loss_mask is not None:
+            token_weights = context.loss_mask.transpose(0, 1).reshape(-1)
+    loss, _, correct = chunked_linear_cross_entropy(flat, weight, targets, token_weights, context.chunk_tokens,
+                                                    group)
+    context.correct = (correct * token_weights).sum() if token_weights is not None else correct.sum()
+    return loss

@@ -15,7 +15,10 @@ The formula (bytes, per rank; P = parameters on the rank, T = tokens of the micr
         in_flight = min(PP, micro-batches per step) (1F1B: the first stage holds that many micro-batches)
     logits = `logits_bytes`: predicted tokens × V / TP × 6 B (bf16 logits and megatron's fp32 cross-entropy copy);
              with the chunked head (`head_chunk_tokens` > 0, mlmclm.model.chunked_head) min(chunk, predicted) × V / TP
-             × 8 B (one chunk's fp32 logits and their softmax gradient) + 4 B per predicted token (its normaliser)
+             × 6 B (one chunk's fp32 logits, turned into their gradient in place, and their bf16 copy for the matmuls)
+             + V / TP × h × 10 B (the fp32 weight gradient, summed in the forward and held until the backward, plus
+             a chunk's bf16 product and its fp32 copy while they are added; in the backward its scaled fp32 copy and
+             bf16 rounding) + predicted tokens × h × 4 B (the bf16 hidden-state gradient held, and its scaled copy)
     overhead = 4 GiB (CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers, allocator fragmentation)
 
 Assumptions: Transformer Engine attention (flash/fused: no T × T term; megatron's local layers are refused on
@@ -79,9 +82,13 @@ def logits_bytes(predicted_tokens: int, vocab_size: int, tensor_parallel: int) -
     return predicted_tokens * (vocab_size // tensor_parallel) * (2 + 4)
 
 
-def chunked_logits_bytes(predicted_tokens: int, vocab_size: int, tensor_parallel: int, chunk_tokens: int) -> int:
-    """The chunked head's logits: one chunk's fp32 logits and softmax gradient, and one fp32 number per token."""
-    return min(chunk_tokens, predicted_tokens) * (vocab_size // tensor_parallel) * (4 + 4) + 4 * predicted_tokens
+def chunked_logits_bytes(predicted_tokens: int, vocab_size: int, tensor_parallel: int, chunk_tokens: int,
+                         hidden_size: int) -> int:
+    """The chunked head's memory: one chunk's fp32 logits and their bf16 copy; the gradients it makes in the forward
+    and holds until the backward (weight shard in fp32, hidden states in bf16) with their transient copies."""
+    shard = vocab_size // tensor_parallel
+    return (min(chunk_tokens, predicted_tokens) * shard * (4 + 2) + shard * hidden_size * (4 + 2 + 4)
+            + predicted_tokens * hidden_size * (2 + 2))
 
 
 def activation_bytes_per_token_per_layer(model: ModelConfig, layout: RankLayout) -> float:
@@ -103,7 +110,8 @@ def estimate_peak_memory(model: ModelConfig, layout: RankLayout, tokens: int,
     activations = int(tokens * layers * in_flight * activation_bytes_per_token_per_layer(model, layout))
     predicted = int(round(tokens * predicted_fraction))
     if head_chunk_tokens:
-        logits = chunked_logits_bytes(predicted, model.vocab_size, layout.tensor_parallel, head_chunk_tokens)
+        logits = chunked_logits_bytes(predicted, model.vocab_size, layout.tensor_parallel, head_chunk_tokens,
+                                      model.hidden_size)
     else:
         logits = logits_bytes(predicted, model.vocab_size, layout.tensor_parallel)
     return MemoryEstimate(tokens, model_states, activations, logits, OVERHEAD_BYTES)

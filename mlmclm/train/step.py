@@ -69,7 +69,12 @@ class StepResult:
 
 def _loss_func(loss_mask: torch.Tensor, correct: torch.Tensor, token_losses: torch.Tensor):
     """Summed loss over predicted tokens (megatron divides by the global batch's count), and logging stats."""
-    loss_sum = (token_losses.float() * loss_mask).sum()
+    return _summed_loss_func(loss_mask, correct, (token_losses.float() * loss_mask).sum())
+
+
+def _summed_loss_func(loss_mask: torch.Tensor, correct: torch.Tensor, loss_sum: torch.Tensor):
+    """`_loss_func` for a head that returns Σ loss_mask × per-token loss itself (the chunked head, which computes
+    that sum's gradient in its forward): handed to megatron's schedule as it is."""
     count = loss_mask.sum()
     stats = torch.stack([loss_sum.detach(), count.detach(), correct.detach().to(count.dtype)])
     return loss_sum, count.to(torch.int), {"stats": stats}
@@ -98,10 +103,9 @@ def _forward_step(data_iterator, model, head_chunk_tokens: int = 0):
         tap.labels, tap.loss_mask = labels, loss_mask
     output = model(batch.input_ids, positions, attention.get("attention_mask"), labels=labels,
                    packed_seq_params=attention.get("packed_seq_params"), **head)
-    correct = chunked.correct if chunked is not None else None
-    if tap is not None:
-        correct = tap.take() if correct is None else correct
-    return output, partial(_loss_func, loss_mask, correct)
+    if chunked is not None:  # its output is already the loss summed with the mask's weights
+        return output, partial(_summed_loss_func, loss_mask, chunked.correct)
+    return output, partial(_loss_func, loss_mask, tap.take() if tap is not None else None)
 
 
 def configure_model_for_schedules(ddp_chunks, optimizer) -> None:

@@ -35,10 +35,13 @@ def test_the_clm_logits_at_the_tail_are_what_the_issue_measured():
     assert logits_bytes(22_500, 128_256, 1) == 22_500 * 128_256 * 6
     assert 22_500 * 128_256 * 2 / 1e9 == pytest.approx(5.77, abs=0.01)
     assert logits_bytes(22_500, 128_256, 2) == logits_bytes(22_500, 128_256, 1) // 2
-    # The chunked head (mlmclm.model.chunked_head): one chunk's fp32 logits and gradient, a normaliser per token.
-    assert chunked_logits_bytes(22_500, 128_256, 1, 256) == 256 * 128_256 * 8 + 4 * 22_500
+    # The chunked head (mlmclm.model.chunked_head): one chunk's fp32 logits and their bf16 copy, the fp32 weight
+    # gradient and the bf16 hidden-state gradient held from forward to backward, with their transient copies.
+    assert chunked_logits_bytes(22_500, 128_256, 1, 256, 2048) == \
+        256 * 128_256 * 6 + 128_256 * 2048 * 10 + 22_500 * 2048 * 4
+    assert chunked_logits_bytes(10, 128_256, 2, 256, 2048) == 10 * 64_128 * 6 + 64_128 * 2048 * 10 + 10 * 2048 * 4
     est = estimate_peak_memory(SMALL, RankLayout(), tokens=100, head_chunk_tokens=16)
-    assert est.logits == chunked_logits_bytes(100, 1000, 1, 16)
+    assert est.logits == chunked_logits_bytes(100, 1000, 1, 16, 64)
 
 
 def test_worst_case_is_what_refuses_a_layout(tmp_path):
