@@ -11,7 +11,10 @@ Modelled (TE's checks, as read from its `forward`):
 - `max_seqlen_q/kv` for thd: a host int. (TE also takes None and then reads the lengths from the device with
   `.item()`; megatron passes the ints of `PackedSeqParams`, which is what our one-host-sync-per-step promise needs:
   anything else is refused here.)
-- heads: q [.., h, d], k/v [.., g, d] with h divisible by g (GQA), output [.., h·d] flattened as TE returns it.
+- heads: q [.., h, d], k/v [.., g, d] with h divisible by g (GQA) and g the groups of this tensor-parallel
+  partition (`num_gqa_groups // tp_size`, TE's assertion), output [.., h·d] flattened as TE returns it;
+- megatron's `packed_seq_params` keywords (`pad_between_seqs` included, TE >= 2.2) and an `_extra_state` entry
+  (empty: no FP8), as TE's module base gives every module.
 Computed: softmax(q·kᵀ·scale) v per segment (thd) or per row, causal = top-left triangle, in fp32, cast back.
 Not modelled: dropout (megatron's attention_dropout is 0 here), FP8 attention, context parallelism, KV caches,
 attention bias, bottom-right diagonals, padded cu_seqlens, backend selection and its numerics.
@@ -22,6 +25,8 @@ import math
 import warnings
 
 import torch
+
+from transformer_engine.pytorch.module.base import FP8ExtraState
 
 MASK_TYPES = {"no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
               "padding_causal_bottom_right", "arbitrary"}
@@ -72,7 +77,7 @@ def _attend(q, k, v, causal: bool, scale: float, window) -> torch.Tensor:
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
 
 
-class DotProductAttention(torch.nn.Module):
+class DotProductAttention(FP8ExtraState, torch.nn.Module):
     def __init__(self, num_attention_heads: int, kv_channels, num_gqa_groups=None, attention_dropout: float = 0.0,
                  qkv_format: str = "sbhd", attn_mask_type: str = "causal", window_size=None,
                  sequence_parallel: bool = False, tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
@@ -94,12 +99,14 @@ class DotProductAttention(torch.nn.Module):
         self.layer_number = layer_number
         self.heads_per_partition = num_attention_heads // tp_size
         self.groups_per_partition = (num_gqa_groups or num_attention_heads) // tp_size
+        self.fp8_meta = {"fp8_checkpoint": False}  # TE's modules carry an `_extra_state` entry (empty: no FP8)
 
     def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None,
                 cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None,
                 max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None, window_size=None,
-                core_attention_bias_type="no_bias", core_attention_bias=None, **unmodelled):
-        if unmodelled or core_attention_bias is not None or cu_seqlens_q_padded is not None:
+                core_attention_bias_type="no_bias", core_attention_bias=None, pad_between_seqs=None,
+                **unmodelled):
+        if unmodelled or core_attention_bias is not None or cu_seqlens_q_padded is not None or pad_between_seqs:
             raise NotImplementedError(f"the DotProductAttention stand-in does not model {sorted(unmodelled)}")
         if attention_mask is not None:
             raise NotImplementedError("the DotProductAttention stand-in models no explicit attention_mask")
@@ -112,6 +119,9 @@ class DotProductAttention(torch.nn.Module):
         assert qkv_format in ("sbhd", "bshd", "thd"), \
             "DotProductAttention only supports qkv_format = {'sbhd', 'bshd', 'thd'}!"
         causal = "causal" in attn_mask_type
+        if key_layer.shape[-2] != self.groups_per_partition:  # TE's check (per tensor-parallel partition)
+            raise AssertionError(f"Keys and values must have num_gqa_group = {self.groups_per_partition} heads! "
+                                 f"Found {key_layer.shape[-2]}.")
         if qkv_format == "thd":
             return self._thd(query_layer, key_layer, value_layer, attn_mask_type, causal, window,
                              cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)

@@ -6,6 +6,8 @@ Modelled: THD needs `cu_seqlens` (TE: "cu_seqlens must not be None when tensor_f
 TE's kernel takes it; the positions restart at 0 in every segment (each segment rotated with freqs[0:len]); only
 the first `freqs.shape[-1]` channels rotate, the rest pass through; cos/sin computed in fp32 then cast to t's
 dtype; non-interleaved halves (rotate_half), or interleaved pairs. sbhd/bshd rotate every row from position 0.
+(Attention within a segment depends only on the distance between positions, so positions running on across
+segments would leave training losses unchanged; the restart is checked directly, tests/model/test_te_attention_rules.)
 Not modelled: context parallelism (cp_size > 1 is refused), `start_positions`, the fused kernel's speed — and its
 defining property, that it needs no host read: this stand-in reads the boundaries itself (`.tolist()`), which is
 free on CPU; what the real kernel saves is counted on a GPU by `gpu_check`'s host-sync count.
