@@ -20,12 +20,7 @@ def config(run_dir, data):
                                             {"objective": SCHEDULE, "steps": sc.TOTAL - sc.SWITCH}])
 
 
-def rows(run_dir) -> dict[int, dict]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        out[row["step"]] = row
-    return out
+rows = sc.metrics_rows
 
 
 @pytest.fixture(scope="module")
