@@ -93,8 +93,8 @@ def flops_per_token(model: ModelConfig, seq_length: int, *, causal: bool = False
 
 def lm_head_fraction(objective) -> float:
     """Fraction of positions the LM head runs at for an `ObjectiveConfig`: all for CLM, the mask ratio for MLM
-    (the sparse head predicts masked positions only)."""
-    return 1.0 if objective.kind == "clm" else float(objective.mask_ratio)
+    (the sparse head predicts masked positions only; under a mask-rate schedule, its mean over the phase)."""
+    return 1.0 if objective.kind == "clm" else float(objective.mean_ratio)
 
 
 def flops_per_step(model: ModelConfig, seq_length: int, sequences_per_step: int, **kwargs) -> float:

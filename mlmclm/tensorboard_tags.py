@@ -31,6 +31,8 @@ _FIXED = {
     "train/skipped": "optimisation/skipped_step",
     "train/tokens": "progress/tokens",
     "train/phase": "progress/phase",
+    "train/mask_ratio": "progress/mask_ratio",                   # MLM steps: the schedule's rate
+    "train/mask_ratio_realised": "progress/mask_ratio_realised",  # ... and what the step's masks realised
 }
 
 # Per-phase metrics: (split, metric) of `train|val/<phase>/<metric>` -> the tag inside the phase's run folder.

@@ -20,11 +20,17 @@ def _seq_length(cfg: TrainConfig) -> int | None:
         return None
 
 
+def _mask_rate(objective) -> str:
+    if objective.mask_schedule == "constant":
+        return f"{objective.mask_ratio:.0%}"
+    return f"{objective.mask_ratio:.0%} → {objective.mask_ratio_end:.0%} {objective.mask_schedule}"
+
+
 def _phases(cfg: TrainConfig) -> str:
     parts = []
     for phase, (start, end) in zip(cfg.phases, cfg.phase_bounds()):
         objective = phase.objective
-        what = objective.kind.upper() + (f" (mask {objective.mask_ratio:.0%}, {objective.mask_mode})"
+        what = objective.kind.upper() + (f" (mask {_mask_rate(objective)}, {objective.mask_mode})"
                                          if objective.kind == "mlm" else "")
         parts.append(f"{phase.name}: {what}, steps {start + 1}–{end}")
     return "; ".join(parts)

@@ -83,7 +83,7 @@ def memory_plan(cfg, world: int, seq_length: int, capacity: int = H100_80GB_BYTE
         mean_tokens, worst_tokens = round(cfg.micro_batch_size * lengths.mean), cfg.worst_row_tokens(seq_length)
     else:
         mean_tokens = worst_tokens = cfg.micro_batch_size * seq_length
-    predicted = max(1.0 if p.objective.kind == "clm" or not cfg.sparse_mlm_head else p.objective.mask_ratio
+    predicted = max(1.0 if p.objective.kind == "clm" or not cfg.sparse_mlm_head else p.objective.max_ratio
                     for p in cfg.phases)
     plan = MemoryPlan(f"tp{par.tensor_parallel} pp{par.pipeline_parallel} dp{dp}",
                       estimate_peak_memory(cfg.model, layout, mean_tokens, predicted, cfg.head_chunk_tokens),

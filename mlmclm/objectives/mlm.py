@@ -42,9 +42,15 @@ class MaskedLM:
         return self._device_tables[device]
 
     def prepare(self, tokens: torch.Tensor, sample_ids: torch.Tensor,
-                positions: torch.Tensor | None = None) -> ObjectiveBatch:
+                positions: torch.Tensor | None = None, mask_ratio: float | None = None) -> ObjectiveBatch:
         """`sample_ids` [b]: one sample per row. Or, for samples laid end to end, `sample_ids` and `positions`
-        [b, S] per token (sample id -1 on padding, never masked): a token masks the same way in either layout."""
+        [b, S] per token (sample id -1 on padding, never masked): a token masks the same way in either layout.
+        `mask_ratio`: this batch's rate (a step of a mask-rate schedule), else the objective's own. A token is
+        selected when its random falls below the rate, so at a lower rate the selection is a subset of the one at a
+        higher rate: a schedule only ever drops tokens from (or adds tokens to) the same draw."""
+        ratio = self.mask_ratio if mask_ratio is None else mask_ratio
+        if not 0.0 < ratio < 1.0:
+            raise ValueError(f"mask ratio must be strictly between 0 and 1, got {ratio!r}")
         per_token = positions is not None
         expected = tokens.shape if per_token else tokens.shape[:1]
         if tokens.dim() != 2 or sample_ids.shape != expected:
@@ -64,7 +70,7 @@ class MaskedLM:
         eligible = ~torch.isin(tokens, specials)
         if per_token:
             eligible &= sample_ids >= 0
-        selected = eligible & (randoms(_SELECT) < threshold(self.mask_ratio))
+        selected = eligible & (randoms(_SELECT) < threshold(ratio))
 
         labels = torch.where(selected, tokens, torch.full_like(tokens, IGNORE_INDEX))
         if self.mask_mode == "mask_only":
@@ -76,4 +82,5 @@ class MaskedLM:
             picks = ordinary[randoms(_RANDOM_TOKEN) % ordinary.numel()]
             input_ids = torch.where(to_mask, torch.full_like(tokens, self.mask_token_id), tokens)
             input_ids = torch.where(to_random, picks.to(tokens.dtype), input_ids)
-        return ObjectiveBatch(input_ids, labels, selected.float(), causal=False, num_predicted=selected.sum())
+        return ObjectiveBatch(input_ids, labels, selected.float(), causal=False, num_predicted=selected.sum(),
+                             num_maskable=eligible.sum())

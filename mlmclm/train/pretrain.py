@@ -288,7 +288,10 @@ class _Run:
                     flops_per_step = _flops_per_step(cfg, self.seq, phase.objective)
                     current = phase_index
                 micro = self.loader.next_global_batch()
-                batches, predicted = self._prepare_on_host(objective, micro)
+                start, stop_step = bounds[phase_index]
+                mask_ratio = (None if objective.causal
+                              else phase.objective.ratio_at(self.iteration - start, stop_step - start))
+                batches, predicted, masking = self._prepare_on_host(objective, micro, mask_ratio)
                 documents = None
                 # Boundaries found on the host (no device synchronisation): documents, or random-length samples.
                 if cfg.per_document_attention or cfg.data.random_length is not None:
@@ -308,7 +311,8 @@ class _Run:
                 phase_end = self.iteration == bounds[phase_index][1]
                 held_out = self._validate(phase_end, objective.causal, logger)
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
-                            cfg.global_batch_size, flops_per_step, self.state.world_size, peak, extra=held_out)
+                            cfg.global_batch_size, flops_per_step, self.state.world_size, peak,
+                            extra={**masking, **held_out})
                 if self.lock is not None:
                     self.lock.touch()
                 if result.skipped:
@@ -366,31 +370,49 @@ class _Run:
                     self.iteration)
         return results
 
-    def _prepare_on_host(self, objective, micro: list[dict]):
+    def _prepare_on_host(self, objective, micro: list[dict], mask_ratio: float | None = None):
         """The objective's batches and the sparse head's positions, made on the host and then copied over.
 
         MLM masks are counter-based (the same on every device), so nothing changes but where they are made: the
         positions, whose count decides the head's shapes, are then known without reading the device (a second
         host synchronisation per step on a GPU)."""
-        batches = [objective.prepare(mb["tokens"], mb["sample_ids"], mb.get("positions")) for mb in micro]
+        rate = {} if mask_ratio is None else {"mask_ratio": mask_ratio}  # this step's rate of the phase's schedule
+        batches = [objective.prepare(mb["tokens"], mb["sample_ids"], mb.get("positions"), **rate) for mb in micro]
         predicted = None
         if self.cfg.sparse_mlm_head and not objective.causal:
             predicted = flat_positions([batch.loss_mask for batch in batches])
+        masking = _masking_metrics(mask_ratio, batches)  # counted here, on the host copies
         batches = [batch.to(self.state.device) for batch in batches]
         if predicted is not None:
             predicted = [to_device(positions, self.state.device) for positions in predicted]
-        return batches, predicted
+        return batches, predicted, masking
 
     def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
         phase = self.cfg.phases[index]
         objective = objective_for_tokenizer(phase.objective, self.manifest.tokenizer, self.cfg.seed)
         set_causal(self.chunks, objective.causal)
         what = (f"phase {index} '{phase.name}' ({phase.objective.kind}"
-                + (f", mask ratio {phase.objective.mask_ratio}, {phase.objective.mask_mode}"
+                + (f", mask ratio {_mask_rate_text(phase.objective)}, {phase.objective.mask_mode}"
                    if phase.objective.kind == "mlm" else "")
                 + f", {'causal' if objective.causal else 'bidirectional'} attention) from step {self.iteration}")
         logger.text("phase", ("switch to " if previous is not None else "start ") + what, self.iteration)
         return objective
+
+
+def _mask_rate_text(objective) -> str:
+    if objective.mask_schedule == "constant":
+        return f"{objective.mask_ratio}"
+    return f"{objective.mask_ratio} → {objective.mask_ratio_end} ({objective.mask_schedule} over the phase)"
+
+
+def _masking_metrics(mask_ratio: float | None, batches) -> dict:
+    """An MLM step's scheduled mask rate and the rate its masks realised (this data-parallel rank's micro-batches:
+    masked / maskable tokens, counted on the host before the batches went over, so no device read)."""
+    if mask_ratio is None:
+        return {}
+    maskable = sum(int(batch.num_maskable) for batch in batches)
+    masked = sum(int(batch.num_predicted) for batch in batches)
+    return {"train/mask_ratio": mask_ratio, "train/mask_ratio_realised": masked / maskable if maskable else 0.0}
 
 
 def _rewind_metrics(path: Path, step: int) -> None:

@@ -47,12 +47,7 @@ def config(run_dir, data, **overrides):
     return cfg
 
 
-def rows(run_dir) -> dict[int, dict]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        out[row["step"]] = row
-    return out
+rows = sc.metrics_rows
 
 
 def validation(run_dir) -> dict[int, dict]:

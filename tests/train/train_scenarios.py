@@ -38,6 +38,15 @@ def config(run_dir, data_dir, tp=1, **overrides) -> dict:
     return cfg
 
 
+def metrics_rows(run_dir) -> dict[int, dict]:
+    """step → the run's metrics.jsonl row, the last one logged for that step (a resume re-logs what it redoes)."""
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        out[row["step"]] = row
+    return out
+
+
 def _train(cfg_dict):
     import warnings
 
