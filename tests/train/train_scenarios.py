@@ -176,7 +176,9 @@ def run_with_nan_at(cfg_dict, bad_steps, report_path, bad_gradient_steps=()):
     backward). The guard must skip or stop."""
     from mlmclm.train import step as step_module
 
-    original = step_module._loss_func
+    # Every head's loss goes through `_summed_loss_func` (megatron's head via `_loss_func`; the chunked head, which
+    # sums its own losses, directly), so poisoning it reaches the run whatever head the config picks.
+    original = step_module._summed_loss_func
     original_finalize = step_module.finalize_model_grads
     calls = {"n": 0, "finalized": 0}
 
@@ -190,8 +192,8 @@ def run_with_nan_at(cfg_dict, bad_steps, report_path, bad_gradient_steps=()):
 
     step_module.finalize_model_grads = finalize_then_poison
 
-    def poisoned(batch, correct, token_losses):
-        loss, count, extra = original(batch, correct, token_losses)
+    def poisoned(loss_mask, correct, loss_sum):
+        loss, count, extra = original(loss_mask, correct, loss_sum)
         calls["n"] += 1
         micro_per_step = 4  # global batch 8 / micro batch 2 on one rank
         if (calls["n"] - 1) // micro_per_step + 1 in bad_steps:
@@ -201,7 +203,7 @@ def run_with_nan_at(cfg_dict, bad_steps, report_path, bad_gradient_steps=()):
             extra = {"stats": stats}
         return loss, count, extra
 
-    step_module._loss_func = poisoned
+    step_module._summed_loss_func = poisoned
     run_and_report_error(cfg_dict, report_path)
 
 
