@@ -6,14 +6,12 @@ must reproduce its training and validation losses (to float rounding across layo
 the resume); a CLM-only and an MLM-only run must both report the CLM
 and the MLM validation loss.
 """
-import json
 
 import pytest
 import torch
 
 import train_scenarios as sc
 from mlmclm.data.manifest import Manifest
-from mlmclm.data.prepare import PrepareConfig, prepare
 from mlmclm.data.random_length import SampleLengths, sample_lengths
 from mlmclm.eval.tensorboard_logs import read_scalars
 from mlmclm.parallel.launch import spawn
@@ -27,13 +25,7 @@ VALIDATED = [2, 3, 4, 6]   # every 2 steps, and at each phase end (3 and 6)
 @pytest.fixture(scope="module")
 def held_out_data(tmp_path_factory):
     """400 short documents, every 10th held out as the validation split."""
-    root = tmp_path_factory.mktemp("rl_data")
-    lines = [json.dumps({"text": f"Document {i}: " + " ".join(["to be or not to be, that is"] * (2 + i % 7))})
-             for i in range(400)]
-    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    prepare(PrepareConfig(inputs=[str(root / "docs.jsonl")], output_dir=str(root / "data"), tokenizer="embedded",
-                          seq_length=sc.SEQ, workers=1, progress=False, validation_every=10))
-    return root / "data"
+    return sc.make_held_out_data(tmp_path_factory.mktemp("rl_data"))
 
 
 def config(run_dir, data, **overrides):

@@ -20,7 +20,6 @@ import sys
 import pytest
 
 import train_scenarios as sc
-from mlmclm.data.prepare import PrepareConfig, prepare
 from mlmclm.parallel.launch import spawn
 
 TOTAL, SWITCH = 5, 2
@@ -163,13 +162,7 @@ def run_scenarios(local_cfg, te_cfg, stopped_cfg, report_dir):
 
 @pytest.fixture(scope="module")
 def held_out_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("te_data")
-    lines = [json.dumps({"text": f"Document {i}: " + " ".join(["to be or not to be, that is"] * (2 + i % 7))})
-             for i in range(400)]
-    (root / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    prepare(PrepareConfig(inputs=[str(root / "docs.jsonl")], output_dir=str(root / "data"), tokenizer="embedded",
-                          seq_length=sc.SEQ, workers=1, progress=False, validation_every=10))
-    return root / "data"
+    return sc.make_held_out_data(tmp_path_factory.mktemp("te_data"))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,18 @@ def make_data(directory: Path) -> Path:
     return directory
 
 
+def make_held_out_data(directory: Path) -> Path:
+    """400 short documents, every 10th held out as the validation split; returns the prepared dataset."""
+    from mlmclm.data.prepare import PrepareConfig, prepare
+
+    lines = [json.dumps({"text": f"Document {i}: " + " ".join(["to be or not to be, that is"] * (2 + i % 7))})
+             for i in range(400)]
+    (directory / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    prepare(PrepareConfig(inputs=[str(directory / "docs.jsonl")], output_dir=str(directory / "data"),
+                          tokenizer="embedded", seq_length=SEQ, workers=1, progress=False, validation_every=10))
+    return directory / "data"
+
+
 def config(run_dir, data_dir, tp=1, **overrides) -> dict:
     cfg = {
         "run_dir": str(run_dir), "model": {"preset": "tiny"},
