@@ -9,12 +9,15 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from mlmclm.parallel.ports import free_port
+from mlmclm.parallel import rendezvous
+from mlmclm.parallel.ports import free_ports
 
 
-def _worker(local_rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
+def _worker(local_rank: int, fn: Callable, world_size: int, ports: tuple[int, int], args: tuple) -> None:
+    master_port, side_port = ports
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    rendezvous.open_side_store(side_port, local_rank, world_size)  # each init_parallel then gets a fresh port
     from mlmclm import quiet
 
     quiet.install(children=False)  # the known third-party warnings, as in the process that spawned this one
@@ -31,7 +34,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     When one fails, the others are killed at once (training turns torch's SIGTERM into "save at the next step", so
     it would wait in a collective with the dead rank until torch's 30 s grace ends), with their children.
     """
-    context = mp.start_processes(_worker, args=(fn, world_size, free_port(), args), nprocs=world_size,
+    context = mp.start_processes(_worker, args=(fn, world_size, tuple(free_ports(2)), args), nprocs=world_size,
                                  join=False, start_method="spawn")
     try:
         while not context.join(grace_period=0):

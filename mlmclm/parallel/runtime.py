@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mlmclm.parallel import cpu_emulation
+from mlmclm.parallel import cpu_emulation, rendezvous
 from mlmclm.parallel.ports import free_port
 
 
@@ -152,6 +152,7 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234, timeout_minutes: int = 
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         if not emulated:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        rendezvous.use_fresh_port()  # a group started again in launch.spawn's processes: never the last one's port
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
     world = dist.get_world_size()
     cfg.data_parallel_size(world)  # validates divisibility with a clear message

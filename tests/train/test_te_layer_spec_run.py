@@ -120,14 +120,6 @@ def _stop_once_on_this_rank():
     logger_module.MetricsLogger.step = step
 
 
-def _on_its_own_port(run_index: int) -> None:
-    """Several runs in the same processes, each on its own port (the spawn's port + the run's index, the same on every
-    rank without asking the others): re-using the port let a fast rank's next init reach the previous group's store,
-    still served by a rank not yet done with it, and read that group's addresses ('Connection refused')."""
-    os.environ.setdefault("FIRST_MASTER_PORT", os.environ["MASTER_PORT"])
-    os.environ["MASTER_PORT"] = str(int(os.environ["FIRST_MASTER_PORT"]) + run_index)
-
-
 def run_scenarios(local_cfg, te_cfg, stopped_cfg, report_dir):
     if any(name == "megatron" or name.startswith("megatron.") for name in sys.modules):
         raise RuntimeError("megatron was imported before the TE stand-in was put on the path")
@@ -140,17 +132,13 @@ def run_scenarios(local_cfg, te_cfg, stopped_cfg, report_dir):
     _treat_the_stand_in_as_te()
     record: dict = {}
     _model_classes(record)
-    _on_its_own_port(0)
     sc._train(local_cfg)
     local_classes, record["classes"] = record.pop("classes"), set()
     _record_te_calls(record)
-    _on_its_own_port(1)
     sc._train(te_cfg)
     if os.environ["RANK"] == str(WORLD - 1):  # one rank of the last stage is signalled; every rank must stop
         _stop_once_on_this_rank()
-    _on_its_own_port(2)
     stopped = sc._train(stopped_cfg)
-    _on_its_own_port(3)
     resumed = sc._train(stopped_cfg)
     report = {"local_classes": sorted(local_classes), "te_classes": sorted(record["classes"]),
               "attention": sorted(map(list, record.get("attention", ()))), "rope": sorted(record.get("rope", ())),
