@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from mlmclm.flops import flops_per_token, lm_head_fraction, mfu, peak_flops  # noqa: E402
 from mlmclm.model import PRESETS, PrecisionConfig, build_model, preset, set_causal  # noqa: E402
 from mlmclm.model.build import resolve_use_te  # noqa: E402
+from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS  # noqa: E402
 from mlmclm.model.sparse_head import flat_positions  # noqa: E402
 from mlmclm.model.fusions import fusion_flags  # noqa: E402
 from mlmclm.model.precision import fp8_attention_here, transformer_engine_available  # noqa: E402
@@ -276,7 +277,7 @@ class Trainer:
                         None if positions is None else [p.to(current_device()) for p in positions]))
         return out
 
-    def step(self, batch_and_positions, documents=None):
+    def step(self, batch_and_positions, documents=None, head_chunk_tokens: int = 0):
         # Each step under this trainer's own GC regime (as its pretrain would run): the feature table alternates
         # trainers in one process and the collector is process-wide, so each sets it for its own steps.
         if self.manual_gc.interval:
@@ -285,7 +286,8 @@ class Trainer:
             gc.enable()
         batch, positions = batch_and_positions
         result = train_step(self.ddp, self.optimizer, self.scheduler, [batch], sparse_head=self.sparse_head,
-                            predicted_positions=positions, stop_flag=self.stop.agreed_flag, documents=documents)
+                            predicted_positions=positions, stop_flag=self.stop.agreed_flag, documents=documents,
+                            head_chunk_tokens=head_chunk_tokens)
         self.steps_done += 1
         self.manual_gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):
@@ -563,19 +565,20 @@ def resolve_peak(precision: str, override_tflops: float | None) -> tuple[float |
         return None, f"unknown: {err}"
 
 
+# The heads measured at the worst case: the training default (chunked) and megatron's whole head, whose
+# [tokens, vocab] logits are what the chunked one exists to avoid; each next to its own estimate.
+WORST_CASE_HEADS = {"chunked": DEFAULT_CHUNK_TOKENS, "whole": 0}
+
+
 def worst_case_memory(cfg: CheckConfig, failures: list[str]) -> dict:
     """Two CLM steps on one micro-batch of `worst_case_samples` samples of `worst_case_length` tokens laid end to
-    end (random-length samples at their longest, attention within each), peak memory measured next to the estimate
-    (mlmclm.model.memory) for this GPU alone: data parallel 1, so the optimizer state is not sharded."""
+    end (random-length samples at their longest, attention within each), once per head of WORST_CASE_HEADS, peak
+    memory measured next to the estimate (mlmclm.model.memory) for this GPU alone: data parallel 1, so the
+    optimizer state is not sharded. The top-level figures are the training default's (the chunked head)."""
     from mlmclm.model.document_attention import DocumentLayout
-    from mlmclm.model.memory import GIB, RankLayout, estimate_peak_memory
 
     tokens = cfg.worst_case_samples * cfg.worst_case_length
-    model_cfg = preset(cfg.worst_case_model)
-    estimate = estimate_peak_memory(model_cfg, RankLayout(data_parallel=1), tokens, predicted_fraction=1.0)
-    result = {"model": cfg.worst_case_model, "tokens": tokens, "samples": cfg.worst_case_samples,
-              "estimated_gib": estimate.total / GIB, "estimate": estimate.summary(), "measured_gib": None,
-              "status": "pending"}
+    result = {"model": cfg.worst_case_model, "tokens": tokens, "samples": cfg.worst_case_samples, "heads": {}}
     trainer = None
     try:
         trainer = Trainer(cfg.worst_case_model, precision_for("bf16" if on_gpu() else "fp32"), cfg.seed,
@@ -584,19 +587,40 @@ def worst_case_memory(cfg: CheckConfig, failures: list[str]) -> dict:
         (batch,) = trainer.batches("clm", tokens, 1, count=1, seed=cfg.seed)
         ids = torch.arange(cfg.worst_case_samples).repeat_interleave(cfg.worst_case_length).unsqueeze(0)
         layout = DocumentLayout.from_document_ids(ids).to(current_device())
-        reset_peak_memory()
-        for _ in range(2):
-            trainer.step(batch, documents=[layout])
-        synchronize()
-        result["measured_gib"], result["memory_kind"] = peak_memory_gib()
-        result["status"] = "ok"
-    except Exception as err:  # an OOM here is the finding: the estimate said it fits
-        result["status"] = f"failed: {type(err).__name__}: {str(err)[:300]}"
-        failures.append(f"worst-case memory ({cfg.worst_case_model}, {tokens} tokens): {result['status']}")
+        for head, chunk_tokens in WORST_CASE_HEADS.items():
+            result["heads"][head] = _worst_case_one_head(cfg, trainer, batch, layout, tokens, head, chunk_tokens,
+                                                         failures)
+    except Exception as err:  # the model did not even build: every head's figure is missing, and says why
+        for head in WORST_CASE_HEADS:
+            result["heads"].setdefault(head, {"status": f"failed: {type(err).__name__}: {str(err)[:300]}",
+                                              "measured_gib": None, "estimated_gib": None, "estimate": "-"})
+        failures.append(f"worst-case memory ({cfg.worst_case_model}, {tokens} tokens): {err}")
     finally:
         if trainer is not None:
             trainer.close()
+    result.update(result["heads"]["chunked"])
     return result
+
+
+def _worst_case_one_head(cfg, trainer, batch, layout, tokens, head, chunk_tokens, failures) -> dict:
+    from mlmclm.model.memory import GIB, RankLayout, estimate_peak_memory
+
+    estimate = estimate_peak_memory(trainer.model_cfg, RankLayout(data_parallel=1), tokens, predicted_fraction=1.0,
+                                    head_chunk_tokens=chunk_tokens)
+    out = {"head_chunk_tokens": chunk_tokens, "estimated_gib": estimate.total / GIB, "estimate": estimate.summary(),
+           "measured_gib": None, "status": "pending"}
+    try:
+        reset_peak_memory()
+        for _ in range(2):
+            trainer.step(batch, documents=[layout], head_chunk_tokens=chunk_tokens)
+        synchronize()
+        out["measured_gib"], out["memory_kind"] = peak_memory_gib()
+        out["status"] = "ok"
+    except Exception as err:  # an OOM here is the finding: the estimate said it fits
+        out["status"] = f"failed: {type(err).__name__}: {str(err)[:300]}"
+        failures.append(f"worst-case memory ({cfg.worst_case_model}, {tokens} tokens, {head} head): {out['status']}")
+        free_memory()
+    return out
 
 
 def run_determinism(cfg: CheckConfig, failures: list[str]) -> dict:
@@ -718,8 +742,11 @@ def format_report(report: dict) -> str:
             lines.append(f"  not measured: {what} ({why})")
     worst = report["worst_case_memory"]
     lines.append(f"peak memory at the worst-case micro-batch ({worst['model']}, CLM, {worst['samples']} samples, "
-                 f"{worst['tokens']:,} tokens): measured {_fmt(worst['measured_gib'], '.1f')} GiB, estimated "
-                 f"{worst['estimated_gib']:.1f} GiB [{worst['estimate']}] -> {worst['status']}")
+                 f"{worst['tokens']:,} tokens):")
+    for head, figures in worst["heads"].items():
+        estimated = "-" if figures["estimated_gib"] is None else f"{figures['estimated_gib']:.1f}"
+        lines.append(f"  {head} head: measured {_fmt(figures['measured_gib'], '.1f')} GiB, estimated {estimated} "
+                     f"GiB [{figures['estimate']}] -> {figures['status']}")
     det = report.get("determinism")
     if det:
         lines.append("deterministic: true, step by step (loss, grad norm) against reference run A:")

@@ -57,9 +57,16 @@ def test_smoke_report_is_complete_and_sane(tmp_path):
     assert report["fp8"]["available"] is False and report["fp8"]["reason"]
 
     # Peak memory at the worst-case micro-batch (smoke: 3 samples of 32 tokens), next to the estimate.
+    # Both heads: the training default (chunked) and megatron's whole head, each next to its own estimate.
     worst = report["worst_case_memory"]
-    assert worst["status"] == "ok" and worst["tokens"] == 96 and worst["measured_gib"] > 0
-    assert worst["estimated_gib"] > 0 and "at 96 tokens" in worst["estimate"] and "worst-case micro-batch" in proc.stdout
+    assert worst["tokens"] == 96 and "worst-case micro-batch" in proc.stdout
+    assert {head: figures["head_chunk_tokens"] for head, figures in worst["heads"].items()} == {
+        "chunked": 256, "whole": 0}
+    for head, figures in worst["heads"].items():
+        assert figures["status"] == "ok" and figures["measured_gib"] > 0, head
+        assert figures["estimated_gib"] > 0 and "at 96 tokens" in figures["estimate"], head
+        assert f"{head} head: measured" in proc.stdout
+    assert worst["measured_gib"] == worst["heads"]["chunked"]["measured_gib"]  # the training default's figures
 
     agreement = report["precision_agreement"]
     assert agreement["passed"] is True
