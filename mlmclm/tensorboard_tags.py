@@ -33,6 +33,8 @@ _FIXED = {
     "train/phase": "progress/phase",
     "train/mask_ratio": "progress/mask_ratio",                   # MLM steps: the schedule's rate
     "train/mask_ratio_realised": "progress/mask_ratio_realised",  # ... and what the step's masks realised
+    "train/rope_theta": "progress/rope_theta",                   # the RoPE base in force (a phase may raise it)
+    "train/context_length": "progress/context_length",           # the longest sample a step trains on
 }
 
 # Per-phase metrics: (split, metric) of `train|val/<phase>/<metric>` -> the tag inside the phase's run folder.

@@ -23,6 +23,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verify", action="store_true",
                    help="compare HF and megatron logits on CPU (bidirectional) before publishing the output")
     p.add_argument("--tolerance", type=float, default=None, help="max abs logit difference --verify accepts")
+    p.add_argument("--verify-length", type=int, default=None,
+                   help="tokens per sequence --verify compares (default 48; up to the exported max positions: a "
+                        "long-context phase's export is worth checking at its long length)")
     p.add_argument("--tokenizer", help="override the run's tokenizer (local dir, hub name or 'embedded')")
     p.add_argument("--max-shard-gb", type=float, default=5.0, help="safetensors shard size (default 5 GB)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
@@ -37,6 +40,8 @@ def main(argv=None) -> int:
 
     def work() -> str:
         extra = {} if args.tolerance is None else {"tolerance": args.tolerance}
+        if args.verify_length is not None:
+            extra["verify_length"] = args.verify_length
         cfg = ExportConfig(args.checkpoint, args.output, dtype=args.dtype, force=args.force, verify=args.verify,
                            tokenizer=args.tokenizer, max_shard_bytes=int(args.max_shard_gb * 2**30), **extra)
         return convert_to_hf(cfg).text()

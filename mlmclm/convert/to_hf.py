@@ -16,7 +16,7 @@ from tqdm import tqdm
 from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
 from mlmclm.convert.hf_config import eurobert_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
-from mlmclm.convert.verify import VerificationError, verify_export
+from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, verify_export
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
@@ -34,6 +34,7 @@ class ExportConfig:
     verify: bool = False  # compare HF logits with ours before publishing the output
     tolerance: float = 1e-4  # max abs logit difference --verify accepts (fp32 math, different op order)
     tokenizer: str | None = None  # override the run's tokenizer (local dir, hub name, or "embedded")
+    verify_length: int = DEFAULT_VERIFY_LENGTH  # tokens per sequence --verify compares (at most max positions)
     max_shard_bytes: int = 5 * 2**30  # HF's default shard size
     progress: bool = True
 
@@ -41,6 +42,8 @@ class ExportConfig:
         self.checkpoint, self.output = Path(self.checkpoint), Path(self.output)
         if self.dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
+        if isinstance(self.verify_length, bool) or not isinstance(self.verify_length, int) or self.verify_length < 1:
+            raise ValueError(f"verify_length must be an integer >= 1, got {self.verify_length!r}")
         if self.max_shard_bytes < 1:
             raise ValueError("max_shard_bytes must be >= 1")
 
@@ -95,7 +98,10 @@ def open_checkpoint(path: Path) -> SourceCheckpoint:
     if not isinstance(run_config.get("model"), dict):
         raise ckpt.CheckpointError(f"{resolved}/{ckpt.RUN_CONFIG} has no `model` section")
     try:
-        model = ModelConfig.from_dict(run_config["model"])
+        # the RoPE θ and context in force at the checkpoint's step: a phase may have raised them (TrainConfig.phases)
+        in_force = {name: train_state[name] for name in ("rope_theta", "max_position_embeddings")
+                    if train_state.get(name) is not None}
+        model = ModelConfig.from_dict({**run_config["model"], **in_force})
     except (TypeError, ValueError) as err:
         raise ckpt.CheckpointError(f"{resolved}/{ckpt.RUN_CONFIG}: invalid model config: {err}") from err
     return SourceCheckpoint(resolved, run_config, train_state, model)
@@ -192,7 +198,10 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
     for i, p in enumerate(phases):
         kind = (p.get("objective") or {}).get("kind", "?")
         length = f"{p['steps']} steps" if p.get("steps") else f"{p.get('fraction')} of {total} steps"
-        rows.append(f"| {i} | {p.get('name') or kind} | {kind.upper()} | {length} |")
+        raised = ", ".join(f"{label} {p[key]:g}" for key, label in (("rope_theta", "RoPE θ"),
+                                                                  ("max_position_embeddings", "context"))
+                           if p.get(key) is not None)
+        rows.append(f"| {i} | {p.get('name') or kind} | {kind.upper()} | {length}{'; ' + raised if raised else ''} |")
     kinds = {(p.get("objective") or {}).get("kind") for p in phases}
     converted = rc.get("converted_from")
     lines = [
@@ -260,7 +269,8 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
         diff = None
         if cfg.verify:
             try:
-                diff = verify_export(source.path, staging, model, identity, cfg.dtype, cfg.tolerance)
+                diff = verify_export(source.path, staging, model, identity, cfg.dtype, cfg.tolerance,
+                                     cfg.verify_length)
             except VerificationError as err:
                 raise VerificationError(f"verification of the export to {cfg.output} failed: {err}; nothing was "
                                         f"written there") from None

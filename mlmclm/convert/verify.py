@@ -19,7 +19,7 @@ from pathlib import Path
 from mlmclm.model.config import ModelConfig
 from mlmclm.parallel.launch import spawn
 
-BATCH, MAX_SEQ = 2, 48
+BATCH, DEFAULT_VERIFY_LENGTH = 2, 48
 SHOWN = 5  # differences listed in an error
 
 
@@ -27,11 +27,11 @@ class VerificationError(RuntimeError):
     pass
 
 
-def sample_tokens(vocab: int, max_positions: int, seed: int = 0):
+def sample_tokens(vocab: int, max_positions: int, seed: int = 0, length: int = DEFAULT_VERIFY_LENGTH):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (BATCH, min(MAX_SEQ, max_positions)), generator=gen)
+    return torch.randint(0, vocab, (BATCH, min(length, max_positions)), generator=gen)
 
 
 def megatron_logits(checkpoint: Path, model_cfg: ModelConfig, tokens, causal: bool = False,
@@ -58,7 +58,7 @@ def megatron_logits(checkpoint: Path, model_cfg: ModelConfig, tokens, causal: bo
     return logits[..., : model_cfg.vocab_size].float().cpu()
 
 
-def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: str) -> None:
+def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: str, length: int) -> None:
     import torch
     from transformers import AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
@@ -69,7 +69,7 @@ def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: 
     init_parallel(ParallelConfig(), seed=0)
     try:
         cfg = ModelConfig.from_dict(model_dict)
-        tokens = sample_tokens(cfg.vocab_size, cfg.max_position_embeddings)
+        tokens = sample_tokens(cfg.vocab_size, cfg.max_position_embeddings, length=length)
         ours = megatron_logits(Path(checkpoint), cfg, tokens, round_to=dtype)
         hf = AutoModelForMaskedLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
         with torch.no_grad():
@@ -80,11 +80,13 @@ def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: 
         destroy_parallel()
 
 
-def compare_logits(checkpoint: Path, hf_dir: Path, model_cfg: ModelConfig, dtype: str = "fp32") -> float:
-    """Max |HF logits − our logits| on seeded random token ids (bidirectional attention)."""
+def compare_logits(checkpoint: Path, hf_dir: Path, model_cfg: ModelConfig, dtype: str = "fp32",
+                   length: int = DEFAULT_VERIFY_LENGTH) -> float:
+    """Max |HF logits − our logits| on seeded random token ids (bidirectional attention), `length` tokens a row
+    (at most the model's max positions)."""
     with tempfile.TemporaryDirectory() as tmp, cpu_only():
         result = Path(tmp) / "result.json"
-        spawn(_worker, 1, str(checkpoint), str(hf_dir), model_cfg.to_dict(), dtype, str(result))
+        spawn(_worker, 1, str(checkpoint), str(hf_dir), model_cfg.to_dict(), dtype, str(result), length)
         return json.loads(result.read_text())["max_abs_diff"]
 
 
@@ -178,14 +180,14 @@ def check_tensors(checkpoint: Path, hf_dir: Path, model: ModelConfig, dtype: str
 
 
 def verify_export(checkpoint: Path, hf_dir: Path, model: ModelConfig, special_ids: dict, dtype: str = "fp32",
-                  tolerance: float = 1e-4) -> float:
+                  tolerance: float = 1e-4, length: int = DEFAULT_VERIFY_LENGTH) -> float:
     """All three checks (cheapest first); raise VerificationError naming what differs, else return the logit diff.
 
     Messages name files relative to `hf_dir` (during an export it is a staging directory the user never sees).
     """
     check_config(hf_dir, model, special_ids, dtype)
     check_tensors(checkpoint, hf_dir, model, dtype)
-    diff = compare_logits(checkpoint, hf_dir, model, dtype)
+    diff = compare_logits(checkpoint, hf_dir, model, dtype, length)
     if not diff <= tolerance:
         raise VerificationError(f"max |logits HF - ours| = {diff:.3e} > tolerance {tolerance:.1e} (the "
                                 f"weights and config match the checkpoint: a mapping or modelling difference)")

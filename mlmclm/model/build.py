@@ -133,6 +133,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
             rope_scaling_factor=float((model.rope_scaling or {}).get("factor", 8.0)),
             vp_stage=vp_stage,
         )
+        gpt.rope_theta = float(model.rope_theta)  # mlmclm.model.rope switches it in place
         gpt.uses_transformer_engine = use_te  # per-document attention: THD with TE, a mask with local layers
         gpt.mask_carries_causality = packed_segments and not use_te
         if gpt.mask_carries_causality:

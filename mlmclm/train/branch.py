@@ -101,6 +101,13 @@ def check_branch_plan(parent, child, step: int, where: str) -> None:
             if a[2].get(key) != b[2].get(key):
                 raise BranchError(f"{where}: phases.{index}.objective.{key} is {a[2].get(key)!r} in the parent but "
                                   f"{b[2].get(key)!r} here, before the branch step {step}")
+    parent_models, child_models = parent.phase_models(), child.phase_models()
+    for index in range(len(mine)):
+        for name in ("rope_theta", "max_position_embeddings"):
+            a, b = getattr(parent_models[index], name), getattr(child_models[index], name)
+            if a != b:
+                raise BranchError(f"{where}: phases.{index}.{name}: {a!r} in force in the parent but {b!r} here, "
+                                  f"before the branch step {step}")
     for who, config in (("the parent's", parent), ("this config's", child)):
         start = _decay_start(config)
         if start is not None and start < step:

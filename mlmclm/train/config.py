@@ -1,7 +1,7 @@
 """The training config tree: validated before any process group starts, saved next to every checkpoint."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlmclm import config_io
@@ -23,8 +23,23 @@ class PhaseConfig:
     steps: int | None = None
     fraction: float | None = None
     name: str | None = None  # default: "clm", or "mlm" — also the phase's TensorBoard run folder
+    # A long-context phase (ModernBERT's: θ 10,000 → 160,000 for its 8,192-token phase): the RoPE base from this
+    # phase on, switched in place at its first step (weights unchanged; mlmclm.model.rope). None: the previous
+    # phase's, the first phase's being model.rope_theta. It may only rise.
+    rope_theta: float | None = None
+    # The context the model is trained for from this phase on (the HF export's max_position_embeddings). None: the
+    # previous phase's, the first phase's being model.max_position_embeddings. It may only rise.
+    max_position_embeddings: int | None = None
 
     def __post_init__(self):
+        if self.rope_theta is not None and (isinstance(self.rope_theta, bool) or
+                                            not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 0):
+            raise ValueError(f"phase.rope_theta must be a number > 0 or null, got {self.rope_theta!r}")
+        if self.max_position_embeddings is not None and (isinstance(self.max_position_embeddings, bool) or
+                                                         not isinstance(self.max_position_embeddings, int) or
+                                                         self.max_position_embeddings < 1):
+            raise ValueError(f"phase.max_position_embeddings must be an integer >= 1 or null, got "
+                             f"{self.max_position_embeddings!r}")
         if (self.steps is None) == (self.fraction is None):
             raise ValueError("phase: give exactly one of `steps` or `fraction`")
         if self.steps is not None and self.steps < 1:
@@ -192,6 +207,7 @@ class TrainConfig:
             raise ValueError(f"validation.samples {self.validation.samples} is not a multiple of micro_batch_size "
                              f"{self.micro_batch_size}")
         self.phase_steps()  # validates that the phases fill the run exactly
+        self.phase_models()  # validates that θ and the context never fall from one phase to the next
         for name, step in (("branch_step", self.checkpoint.branch_step), ("stop_at", self.checkpoint.stop_at)):
             if step is not None and step >= self.total_steps:
                 raise ValueError(f"checkpoint.{name} {step} must be < total_steps {self.total_steps}")
@@ -239,6 +255,22 @@ class TrainConfig:
         if sum(steps) != self.total_steps or any(s < 1 for s in steps):
             raise ValueError(f"phases: steps {steps} must be >= 1 each and sum to total_steps {self.total_steps}")
         return steps
+
+    def phase_models(self) -> list[ModelConfig]:
+        """The model each phase trains: model, with each phase's RoPE θ and context carried until a later phase
+        raises them. Refuses a θ or a context that falls, naming the phase's field."""
+        models, current = [], self.model
+        for index, phase in enumerate(self.phases):
+            for name in ("rope_theta", "max_position_embeddings"):
+                value, before = getattr(phase, name), getattr(current, name)
+                if value is not None and value < before:
+                    raise ValueError(f"phases[{index}].{name} {value} is below the {before} in force before it "
+                                     f"(model.{name} or an earlier phase's): a phase may raise it, not lower it")
+            raised = {name: getattr(phase, name) for name in ("rope_theta", "max_position_embeddings")
+                      if getattr(phase, name) is not None}
+            current = replace(current, **raised)
+            models.append(current)
+        return models
 
     def phase_bounds(self) -> list[tuple[int, int]]:
         """[start, end) step ranges of the phases."""

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from mlmclm.data.blend import build_loader
 from mlmclm.data.manifest import Manifest
-from mlmclm.model import build_model, set_causal
+from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
 from mlmclm.model.document_attention import attention_layout, check_local_packed_attention
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import objective_for_tokenizer
@@ -23,7 +23,7 @@ from mlmclm.train.config import TrainConfig
 from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
-from mlmclm.train.resume_check import check_resume_compatible, check_same_shape
+from mlmclm.train.resume_check import check_resume_compatible, check_rope_in_force, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
@@ -181,6 +181,7 @@ class _Run:
         self.validations: list[dict] = []  # every evaluation so far (in checkpoints: the model card reports them)
         self.seq = self.manifest.seq_length
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
+        self.phase_models = cfg.phase_models()  # each phase's RoPE θ and context (a phase may raise them)
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te, fused_kernels=cfg.fused_kernels,
@@ -207,6 +208,8 @@ class _Run:
             saved_state = ckpt.read_json(latest, ckpt.TRAIN_STATE)
             check_resume_compatible(saved_cfg, saved_state, cfg.to_dict(), cfg.checkpoint.allow_resume_changes,
                                     self.manifest, str(latest))
+            last_step = min(saved_state["iteration"], cfg.total_steps) - 1  # the checkpoint's last trained step
+            check_rope_in_force(saved_state, self.phase_models[cfg.phase_at(last_step)], str(latest))
             self._continue_from(ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler))
             self._info(f"resumed {latest} at step {self.iteration} ({self.consumed_tokens} tokens)")
         elif cfg.checkpoint.branch_from:
@@ -244,7 +247,8 @@ class _Run:
                 "phase_name": self.cfg.phases[phase_index].name, "loader": self.loader.state_dict(),
                 "consecutive_nonfinite": self.consecutive_nonfinite, "tokenizer": self.manifest.tokenizer,
                 "seq_length": self.seq, "total_steps": self.cfg.total_steps, "validation": self.validations,
-                "branched_from": self.branched_from}
+                "branched_from": self.branched_from, "rope_theta": rope_theta(self.chunks),
+                "max_position_embeddings": self.phase_models[phase_index].max_position_embeddings}
 
     def _save(self, phase_index: int, keep: bool) -> None:
         run_config = self.cfg.to_dict()
@@ -312,7 +316,8 @@ class _Run:
                 held_out = self._validate(phase_end, objective.causal, logger)
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
                             cfg.global_batch_size, flops_per_step, self.state.world_size, peak,
-                            extra={**masking, **held_out})
+                            extra={**masking, **held_out, "train/rope_theta": rope_theta(self.chunks),
+                                   "train/context_length": self._context_length()})
                 if self.lock is not None:
                     self.lock.touch()
                 if result.skipped:
@@ -387,14 +392,24 @@ class _Run:
             predicted = [to_device(positions, self.state.device) for positions in predicted]
         return batches, predicted, masking
 
+    def _context_length(self) -> int:
+        """The longest sample a step trains on: the prepared rows, or the longest random length."""
+        lengths = self.cfg.data.random_length
+        return self.seq if lengths is None else lengths.max_length
+
     def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
         phase = self.cfg.phases[index]
         objective = objective_for_tokenizer(phase.objective, self.manifest.tokenizer, self.cfg.seed)
         set_causal(self.chunks, objective.causal)
+        theta_before, model = rope_theta(self.chunks), self.phase_models[index]
+        if model.rope_theta != theta_before:  # also on a resume or a branch into a phase that raised it
+            set_rope_theta(self.chunks, model)
         what = (f"phase {index} '{phase.name}' ({phase.objective.kind}"
                 + (f", mask ratio {_mask_rate_text(phase.objective)}, {phase.objective.mask_mode}"
                    if phase.objective.kind == "mlm" else "")
-                + f", {'causal' if objective.causal else 'bidirectional'} attention) from step {self.iteration}")
+                + f", {'causal' if objective.causal else 'bidirectional'} attention, RoPE θ {model.rope_theta:g}"
+                + (f" (was {theta_before:g})" if model.rope_theta != theta_before else "")
+                + f", context {model.max_position_embeddings}) from step {self.iteration}")
         logger.text("phase", ("switch to " if previous is not None else "start ") + what, self.iteration)
         return objective
 

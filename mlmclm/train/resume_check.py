@@ -81,6 +81,17 @@ def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict,
             f"run. To change it on purpose, allow it: checkpoint.allow_resume_changes=[{field}]")
 
 
+def check_rope_in_force(saved_state: dict, model: ModelConfig, where: str) -> None:
+    """The RoPE θ and context the checkpoint was trained with are what this config has in force at its step
+    (`model`: this config's phase model there); checkpoints from before per-phase θ record none."""
+    for name in ("rope_theta", "max_position_embeddings"):
+        saved = saved_state.get(name)
+        if saved is not None and saved != getattr(model, name):
+            raise IncompatibleCheckpointError(
+                f"{where}: {name} {saved!r} was in force at the checkpoint's step {saved_state.get('iteration')}, "
+                f"but this config's phases put {getattr(model, name)!r} there (model.{name}, phases[].{name})")
+
+
 def check_same_data_identity(saved_state: dict, manifest: Manifest, where: str) -> None:
     """The checkpoint was trained on data with this tokenizer and sequence length."""
     saved_tok = saved_state.get("tokenizer", {})

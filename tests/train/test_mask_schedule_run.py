@@ -1,6 +1,7 @@
-"""A mask-rate schedule in a real run (megatron-core over gloo): each MLM step trains at its scheduled rate, the
-masks realise it, TensorBoard shows it, and a run stopped and resumed inside the scheduled phase is bit-identical
-to the uninterrupted one."""
+"""A phase plan in a real run (megatron-core over gloo): a mask-rate schedule and a RoPE θ raised at the MLM phase.
+Each MLM step trains at its scheduled rate and θ, the masks realise the rate, TensorBoard shows both, a run stopped
+and resumed inside the scheduled phase (after the θ switch) is bit-identical to the uninterrupted one, and the
+final checkpoint's HF export carries the raised θ and passes --verify at the model's full length."""
 import json
 import shutil
 
@@ -13,11 +14,13 @@ from mlmclm.parallel.launch import spawn
 from mlmclm.train import checkpoint as ckpt
 
 SCHEDULE = {"kind": "mlm", "mask_ratio": 0.5, "mask_schedule": "linear", "mask_ratio_end": 0.2}
+THETA, RAISED_THETA = 10_000.0, 40_000.0  # tiny-test's θ, and the MLM phase's
 
 
 def config(run_dir, data):
     return sc.config(run_dir, data, phases=[{"objective": {"kind": "clm"}, "steps": sc.SWITCH},
-                                            {"objective": SCHEDULE, "steps": sc.TOTAL - sc.SWITCH}])
+                                            {"objective": SCHEDULE, "steps": sc.TOTAL - sc.SWITCH,
+                                             "rope_theta": RAISED_THETA}])
 
 
 rows = sc.metrics_rows
@@ -75,3 +78,30 @@ def test_a_resume_that_changes_the_schedule_is_refused_naming_the_field(runs):
     _, _, report = runs
     assert report[2]["type"] == "IncompatibleCheckpointError"
     assert "phases.1.objective.mask_schedule is 'linear' in the checkpoint but 'cosine'" in report[2]["message"]
+
+
+def test_the_mlm_phase_trains_at_its_raised_theta_and_tensorboard_shows_it(runs):
+    whole, _, _ = runs
+    metrics = rows(whole)
+    assert [metrics[s]["train/rope_theta"] for s in range(1, sc.TOTAL + 1)] == \
+        [THETA] * sc.SWITCH + [RAISED_THETA] * (sc.TOTAL - sc.SWITCH)
+    assert {metrics[s]["train/context_length"] for s in metrics} == {sc.SEQ}   # the prepared rows
+    scalars = read_scalars(whole / "tensorboard")
+    assert list(scalars["progress/rope_theta"].values) == [THETA] * sc.SWITCH + [RAISED_THETA] * (sc.TOTAL - sc.SWITCH)
+    assert "progress/context_length" in scalars
+    state = ckpt.read_json(ckpt.latest_checkpoint(whole / "checkpoints"), ckpt.TRAIN_STATE)
+    assert state["rope_theta"] == RAISED_THETA
+    clm_end = ckpt.read_json(whole / "checkpoints" / f"iter_{sc.SWITCH:07d}", ckpt.TRAIN_STATE)
+    assert clm_end["rope_theta"] == THETA                     # the phase-end checkpoint of the CLM phase
+
+
+def test_the_export_carries_the_raised_theta_and_verifies_at_full_length(runs, tmp_path):
+    from transformers import AutoConfig
+
+    from mlmclm.convert.to_hf import ExportConfig, convert_to_hf
+
+    whole, _, _ = runs
+    summary = convert_to_hf(ExportConfig(whole, tmp_path / "hf", verify=True, verify_length=1024, progress=False))
+    assert summary.max_abs_diff is not None and summary.max_abs_diff <= 1e-4
+    hf = AutoConfig.from_pretrained(tmp_path / "hf")
+    assert hf.rope_parameters["rope_theta"] == RAISED_THETA and hf.max_position_embeddings == 1024
