@@ -63,6 +63,12 @@ def _phases_before(config, step: int) -> list[tuple[int, int, dict]]:
             for i, (start, end) in enumerate(config.phase_bounds()) if start < step]
 
 
+def _data_identity(data) -> dict:
+    """What makes a phase's samples (the locations aside: data may move, as on resume)."""
+    return {"seed": data.seed, "random_length": asdict(data.random_length) if data.random_length else None,
+            "blend_weights": sorted((data.blend or {}).values())}
+
+
 def _decay_start(config) -> int | None:
     """The first step whose LR depends on the run's length: WSD's decay start; 0 for cosine/linear (their LR at
     every step depends on the length); None for constant."""
@@ -101,6 +107,13 @@ def check_branch_plan(parent, child, step: int, where: str) -> None:
             if a[2].get(key) != b[2].get(key):
                 raise BranchError(f"{where}: phases.{index}.objective.{key} is {a[2].get(key)!r} in the parent but "
                                   f"{b[2].get(key)!r} here, before the branch step {step}")
+    (_, parent_sources), (_, child_sources) = parent.data_streams(), child.data_streams()
+    parent_data, child_data = parent.phase_data(), child.phase_data()
+    for index in range(len(mine)):
+        a, b = _data_identity(parent_data[index]), _data_identity(child_data[index])
+        if a != b or parent_sources[index] != child_sources[index]:
+            raise BranchError(f"{where}: phases.{index}.data: the phase reads {a} in the parent but {b} here, "
+                              f"before the branch step {step}")
     parent_models, child_models = parent.phase_models(), child.phase_models()
     for index in range(len(mine)):
         for name in ("rope_theta", "max_position_embeddings"):

@@ -30,6 +30,10 @@ class PhaseConfig:
     # The context the model is trained for from this phase on (the HF export's max_position_embeddings). None: the
     # previous phase's, the first phase's being model.max_position_embeddings. It may only rise.
     max_position_embeddings: int | None = None
+    # The phase's own data (one dataset or a blend, its seed, its sample lengths): a long-context phase reads rows
+    # prepared at its length. None: the run's `data`. Phases naming the same data share one position in it
+    # (mlmclm.train.phase_data), so a plan A → B → A reads on in A where it left off.
+    data: DataConfig | None = None
 
     def __post_init__(self):
         if self.rope_theta is not None and (isinstance(self.rope_theta, bool) or
@@ -199,15 +203,19 @@ class TrainConfig:
             validate_chunk_tokens(self.head_chunk_tokens)
         if self.manual_gc_interval < 0:
             raise ValueError(f"manual_gc_interval must be >= 0 (0 = automatic GC), got {self.manual_gc_interval}")
-        lengths = self.data.random_length
-        if lengths is not None and lengths.max_length > self.model.max_position_embeddings:
-            raise ValueError(f"data.random_length.max_length {lengths.max_length} exceeds "
-                             f"model.max_position_embeddings {self.model.max_position_embeddings}")
+        self.phase_models()  # validates that θ and the context never fall from one phase to the next
+        self.data_streams()  # validates the phases' data (no dataset read twice from its start)
+        for index, (data, model) in enumerate(zip(self.phase_data(), self.phase_models())):
+            lengths = data.random_length
+            if lengths is not None and lengths.max_length > model.max_position_embeddings:
+                field = "data" if self.phases[index].data is None else f"phases[{index}].data"
+                raise ValueError(f"{field}.random_length.max_length {lengths.max_length} exceeds the "
+                                 f"max_position_embeddings {model.max_position_embeddings} of phase {index} "
+                                 f"(model.max_position_embeddings or a phase's own)")
         if self.validation.samples is not None and self.validation.samples % self.micro_batch_size:
             raise ValueError(f"validation.samples {self.validation.samples} is not a multiple of micro_batch_size "
                              f"{self.micro_batch_size}")
         self.phase_steps()  # validates that the phases fill the run exactly
-        self.phase_models()  # validates that θ and the context never fall from one phase to the next
         for name, step in (("branch_step", self.checkpoint.branch_step), ("stop_at", self.checkpoint.stop_at)):
             if step is not None and step >= self.total_steps:
                 raise ValueError(f"checkpoint.{name} {step} must be < total_steps {self.total_steps}")
@@ -224,17 +232,50 @@ class TrainConfig:
                                "takes only padded layouts (bshd/sbhd); set precision.fp8_attention to auto or off "
                                "(attention in bf16, GEMMs still in FP8)")
 
-    def worst_row_tokens(self, seq_length: int) -> int:
+    def worst_row_tokens(self, seq_length: int, data: DataConfig | None = None) -> int:
         """The longest row attention can see: a micro-batch of random-length samples all of the longest length
-        (padding aside), or a prepared row of `seq_length`."""
-        lengths = self.data.random_length
+        (padding aside), or a prepared row of `seq_length` (of `data`, by default the run's)."""
+        lengths = (data or self.data).random_length
         return self.micro_batch_size * lengths.max_length if lengths is not None else seq_length
+
+    def phase_data(self) -> list[DataConfig]:
+        """The data each phase reads: its own, or the run's."""
+        return [phase.data if phase.data is not None else self.data for phase in self.phases]
+
+    def data_streams(self) -> tuple[list[DataConfig], list[int]]:
+        """The distinct data the phases read, in order of first use, and each phase's index into them.
+
+        Refused, naming the phase: two different data configs over one dataset (the second would read it again
+        from its start: a length change of the same data means preparing it at that length), and a plan mixing
+        random-length samples with prepared rows (the model's attention layout is built once for the run)."""
+        streams, of_phase, keys = [], [], []
+        for data in self.phase_data():
+            key = config_io.to_dict(data)
+            if key not in keys:
+                keys.append(key)
+                streams.append(data)
+            of_phase.append(keys.index(key))
+        owner: dict[str, int] = {}
+        for index, data in enumerate(self.phase_data()):
+            for location in (data.blend or {data.path: 1}):
+                first = owner.setdefault(location, of_phase[index])
+                if first != of_phase[index]:
+                    raise ValueError(
+                        f"phases[{index}].data reads {location!r}, which an earlier phase reads with other settings "
+                        f"(seed, blend, sample lengths, tokenizer or skip_corrupt): it would read the dataset again "
+                        f"from its start. Give the phase a dataset of its own (prepared at its length), or the "
+                        f"earlier phase's data")
+        if len({data.random_length is None for data in [self.data, *streams]}) > 1:
+            raise ValueError("phases[].data: random-length samples (data.random_length) in some phases and "
+                             "prepared rows in others are not implemented (the model's attention layout is "
+                             "built once for the run); give every phase's data random_length, or none")
+        return streams, of_phase
 
     @property
     def packed_segments(self) -> bool:
         """Whether batches are cut into attention segments: random-length samples or per-document attention (THD on
         Transformer Engine layers, an explicit mask on local ones; mlmclm.model.document_attention)."""
-        return self.data.random_length is not None or self.per_document_attention
+        return any(data.random_length is not None for data in self.phase_data()) or self.per_document_attention
 
     @classmethod
     def coerce(cls, data: dict) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mlmclm.data.blend import build_loader
+from mlmclm.train.phase_data import PhaseLoaders
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
 from mlmclm.model.document_attention import attention_layout, check_local_packed_attention
@@ -54,24 +54,29 @@ def resolve_tokenizer_path(name: str | None) -> str | None:
     return name
 
 
-def check_data_fits_model(cfg: TrainConfig, manifest: Manifest) -> None:
+def check_data_fits_model(cfg: TrainConfig, manifest: Manifest, phase: int = 0, model=None) -> None:
+    """Phase `phase`'s data (`manifest`) fits the model that phase trains (`model`: its θ and context)."""
     tok = manifest.tokenizer
+    model = model or cfg.model
+    data = cfg.phase_data()[phase]
     if tok.get("vocab_size", 0) > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size {cfg.model.vocab_size} is smaller than the data's tokenizer vocabulary "
                          f"{tok.get('vocab_size')} ({manifest.location})")
-    if cfg.data.random_length is None and manifest.seq_length > cfg.model.max_position_embeddings:
-        raise ValueError(f"data seq_length {manifest.seq_length} exceeds model.max_position_embeddings "
-                         f"{cfg.model.max_position_embeddings}")
-    if cfg.parallel.sequence_parallel and cfg.data.random_length is None and \
+    if data.random_length is None and manifest.seq_length > model.max_position_embeddings:
+        raise ValueError(f"data seq_length {manifest.seq_length} ({manifest.location}, phase {phase}) exceeds the "
+                         f"max_position_embeddings {model.max_position_embeddings} of that phase "
+                         f"(model.max_position_embeddings, or raise it with phases[{phase}].max_position_embeddings)")
+    if cfg.parallel.sequence_parallel and data.random_length is None and \
             manifest.seq_length % cfg.parallel.tensor_parallel:
         raise ValueError(f"sequence parallelism needs seq_length {manifest.seq_length} divisible by "
                          f"tensor_parallel {cfg.parallel.tensor_parallel}")
     if any(p.objective.kind == "mlm" for p in cfg.phases) and tok.get("mask_id") is None:
         raise ValueError(f"an MLM phase needs a mask token, but the data's tokenizer {tok.get('name')!r} has none")
-    if cfg.data.tokenizer is not None:
+    tokenizer = data.tokenizer or cfg.data.tokenizer
+    if tokenizer is not None:
         from mlmclm.data.tokenizer import check_same_tokenizer, load_tokenizer, tokenizer_identity
 
-        expected = tokenizer_identity(load_tokenizer(resolve_tokenizer_path(cfg.data.tokenizer)))
+        expected = tokenizer_identity(load_tokenizer(resolve_tokenizer_path(tokenizer)))
         check_same_tokenizer(tok, expected, where=manifest.location)
 
 
@@ -170,23 +175,24 @@ class _Run:
     def __init__(self, cfg: TrainConfig, state, lock: RunLock | None):
         self.cfg, self.state, self.lock = cfg, state, lock
         self.rank0 = state.rank == 0
-        # One dataset (`data.path`) or a weighted blend (`data.blend`): the loader knows the shared manifest.
-        self.loader = build_loader(cfg.data, cfg.global_batch_size, cfg.micro_batch_size, state.dp_rank,
-                                   state.dp_size, **_padding(cfg))
-        self.manifest = self.loader.manifest
-        check_data_fits_model(cfg, self.manifest)
+        # Each phase's data (its own or the run's; one dataset or a blend each), every source with its position.
+        self.data = PhaseLoaders(cfg, state.dp_rank, state.dp_size, **_padding(cfg))
+        self.manifest = self.data.manifest
+        self.phase_models = cfg.phase_models()  # each phase's RoPE θ and context (a phase may raise them)
+        for index in range(len(cfg.phases)):
+            check_data_fits_model(cfg, self.data.for_phase(index).manifest, index, self.phase_models[index])
         held_out = validation_path(cfg, self.manifest)
         self.validator = None if held_out is None else Validator(
             cfg, held_out, self.manifest.tokenizer, state.dp_rank, state.dp_size, state.device, **_padding(cfg))
         self.validations: list[dict] = []  # every evaluation so far (in checkpoints: the model card reports them)
-        self.seq = self.manifest.seq_length
+        self.seq = self.manifest.seq_length  # the first phase's rows (the train state's data identity)
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
-        self.phase_models = cfg.phase_models()  # each phase's RoPE θ and context (a phase may raise them)
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te, fused_kernels=cfg.fused_kernels,
                                   deterministic=cfg.deterministic, packed_segments=cfg.packed_segments)
-        check_local_packed_attention(self.chunks, cfg.worst_row_tokens(self.seq),
+        check_local_packed_attention(self.chunks, max(cfg.worst_row_tokens(self.data.seq_length(i), data)
+                                                      for i, data in enumerate(cfg.phase_data())),
                                      cfg.model.num_attention_heads // cfg.parallel.tensor_parallel,
                                      rows=1 if cfg.data.random_length is not None else cfg.micro_batch_size)
         self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce,
@@ -235,7 +241,7 @@ class _Run:
         self.consecutive_nonfinite = train_state.get("consecutive_nonfinite", 0)
         self.validations = train_state.get("validation", [])
         self.branched_from = train_state.get("branched_from")
-        self.loader.load_state_dict(train_state["loader"])
+        self.data.load_state_dict(train_state)
 
     def _info(self, message: str) -> None:
         if self.rank0:
@@ -243,8 +249,8 @@ class _Run:
 
     def _train_state(self, phase_index: int) -> dict:
         return {"iteration": self.iteration, "consumed_tokens": self.consumed_tokens,
-                "consumed_samples": self.loader.consumed_samples, "phase_index": phase_index,
-                "phase_name": self.cfg.phases[phase_index].name, "loader": self.loader.state_dict(),
+                "consumed_samples": self.data.consumed_samples, "phase_index": phase_index,
+                "phase_name": self.cfg.phases[phase_index].name, "loaders": self.data.state_dict(),
                 "consecutive_nonfinite": self.consecutive_nonfinite, "tokenizer": self.manifest.tokenizer,
                 "seq_length": self.seq, "total_steps": self.cfg.total_steps, "validation": self.validations,
                 "branched_from": self.branched_from, "rope_theta": rope_theta(self.chunks),
@@ -289,9 +295,10 @@ class _Run:
                 phase = cfg.phases[phase_index]
                 if phase_index != current:
                     objective = self._enter_phase(phase_index, current, logger)
-                    flops_per_step = _flops_per_step(cfg, self.seq, phase.objective)
+                    loader, seq = self.data.for_phase(phase_index), self.data.seq_length(phase_index)
+                    flops_per_step = _flops_per_step(cfg, seq, phase.objective)
                     current = phase_index
-                micro = self.loader.next_global_batch()
+                micro = loader.next_global_batch()
                 start, stop_step = bounds[phase_index]
                 mask_ratio = (None if objective.causal
                               else phase.objective.ratio_at(self.iteration - start, stop_step - start))
@@ -307,17 +314,17 @@ class _Run:
                                     head_chunk_tokens=cfg.head_chunk_tokens)
                 self.iteration += 1
                 gc_control.step(self.iteration)
-                lengths = getattr(self.loader, "last_lengths", None)  # random-length samples: the real tokens
-                step_tokens = cfg.global_batch_size * self.seq if lengths is None else int(lengths.sum())
+                lengths = getattr(loader, "last_lengths", None)  # random-length samples: the real tokens
+                step_tokens = cfg.global_batch_size * seq if lengths is None else int(lengths.sum())
                 if lengths is not None:
-                    flops_per_step = _flops_per_step(cfg, self.seq, phase.objective, lengths)
+                    flops_per_step = _flops_per_step(cfg, seq, phase.objective, lengths)
                 self.consumed_tokens += step_tokens
                 phase_end = self.iteration == bounds[phase_index][1]
                 held_out = self._validate(phase_end, objective.causal, logger)
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
                             cfg.global_batch_size, flops_per_step, self.state.world_size, peak,
                             extra={**masking, **held_out, "train/rope_theta": rope_theta(self.chunks),
-                                   "train/context_length": self._context_length()})
+                                   "train/context_length": self.data.context_length(phase_index)})
                 if self.lock is not None:
                     self.lock.touch()
                 if result.skipped:
@@ -355,7 +362,7 @@ class _Run:
         finally:
             gc_control.stop()
             logger.close()
-            self.loader.close()
+            self.data.close()
         if self.rank0:
             write_status(cfg, status, self.iteration, self.checkpoints[-1] if self.checkpoints else "")
         return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,
@@ -391,11 +398,6 @@ class _Run:
         if predicted is not None:
             predicted = [to_device(positions, self.state.device) for positions in predicted]
         return batches, predicted, masking
-
-    def _context_length(self) -> int:
-        """The longest sample a step trains on: the prepared rows, or the longest random length."""
-        lengths = self.cfg.data.random_length
-        return self.seq if lengths is None else lengths.max_length
 
     def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
         phase = self.cfg.phases[index]

@@ -12,6 +12,7 @@ is refused naming the field, unless listed in `checkpoint.allow_resume_changes` 
 from __future__ import annotations
 
 import logging
+import re
 
 from mlmclm.data.manifest import Manifest
 from mlmclm.model.config import ModelConfig
@@ -56,7 +57,9 @@ def _flatten(value, prefix: str = "") -> dict:
 
 
 def _covered(field: str, prefixes) -> bool:
-    return any(field == p or field.startswith(p + ".") for p in prefixes)
+    # a phase's own data follows the run's data rules (its location may move, like data.path)
+    as_run_data = re.sub(r"^phases\.\d+\.data\.", "data.", field)
+    return any(f == p or f.startswith(p + ".") for p in prefixes for f in {field, as_run_data})
 
 
 def changed_fields(saved_config: dict, config: dict) -> dict[str, tuple]:

@@ -272,5 +272,6 @@ def test_a_blend_of_datasets_trains_and_checkpoints_its_position(data, tmp_path)
     spawn(sc.run_and_report_error, 1, cfg, tmp_path / "error.json")
     assert json.loads((tmp_path / "error.json").read_text())["type"] is None
     state = json.loads((run_dir / "checkpoints" / "iter_0000003" / ckpt.TRAIN_STATE).read_text())
-    assert state["loader"]["kind"] == "blend" and state["loader"]["consumed_samples"] == 3 * 8
-    assert sum(d["consumed_samples"] for d in state["loader"]["datasets"]) == 3 * 8
+    [blend] = state["loaders"]  # the run's one data source, for its one phase
+    assert blend["kind"] == "blend" and blend["consumed_samples"] == 3 * 8
+    assert sum(d["consumed_samples"] for d in blend["datasets"]) == 3 * 8

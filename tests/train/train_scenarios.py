@@ -86,7 +86,7 @@ def run_recording(cfg_dict, record_path):
         inner = self.optimizer.chained_optimizers[0] if hasattr(self.optimizer, "chained_optimizers") else self.optimizer
         adam_steps = [int(s["step"]) for s in inner.optimizer.state.values() if "step" in s]
         records.setdefault("phases", []).append({
-            "index": index, "iteration": self.iteration, "consumed_samples": self.loader.consumed_samples,
+            "index": index, "iteration": self.iteration, "consumed_samples": self.data.consumed_samples,
             "causal_before": is_causal(self.chunks), "adam_steps": sorted(set(adam_steps)),
             "optimizer_id": id(self.optimizer), "model_id": id(self.chunks[0])})
         objective = original_enter(self, index, previous, logger)
@@ -240,7 +240,7 @@ def run_cpt_recording(cfg_dict, record_path):
         original(self)
         records["initial_weights"] = gather_full(self.ddp, "weight")
         records["iteration"] = self.iteration
-        records["consumed_samples"] = self.loader.consumed_samples
+        records["consumed_samples"] = self.data.consumed_samples
         records["scheduler_steps"] = self.scheduler.num_steps
         inner = self.optimizer.chained_optimizers[0] if hasattr(self.optimizer, "chained_optimizers") else self.optimizer
         records["adam_state_entries"] = len(inner.optimizer.state)

@@ -1,5 +1,6 @@
-"""Per-phase RoPE θ and context, the rules read without processes: each phase's model, the refusals naming the
-field, a resume whose checkpoint was trained at another θ, a branch whose phases before it had another θ."""
+"""Per-phase RoPE θ, context and data, the rules read without processes: each phase's model and data, the refusals
+naming the field, a resume whose checkpoint was trained at another θ, a branch whose phases before it had another
+θ or other data."""
 import pytest
 
 import train_scenarios as sc
@@ -53,3 +54,45 @@ def test_a_branch_whose_earlier_phases_had_another_theta_is_refused(tmp_path):
         check_branch_plan(parent, other, 7, "parent")
     # before the θ switch the two plans agree: a branch at the switch may choose its own θ
     check_branch_plan(parent, other, sc.SWITCH, "parent")
+
+
+def test_phases_naming_the_same_data_share_one_source(tmp_path):
+    cfg = _config(tmp_path, {"data": {"path": str(tmp_path / "long")}})
+    streams, of_phase = cfg.data_streams()
+    assert [d.path for d in streams] == [str(tmp_path / "data"), str(tmp_path / "long")] and of_phase == [0, 1]
+    again = TrainConfig.from_dict(sc.config(tmp_path / "run", tmp_path / "data", phases=[
+        {"objective": {"kind": "clm"}, "steps": 3}, {"objective": {"kind": "mlm"}, "steps": 3,
+                                                     "data": {"path": str(tmp_path / "long")}},
+        {"objective": {"kind": "mlm"}, "steps": 4}]))
+    assert again.data_streams()[1] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"path": "{data}", "seed": 7}, r"phases\[1\]\.data reads '.*data', which an earlier phase reads with other "
+                                    r"settings"),
+    ({"path": "{long}", "random_length": {"min_length": 12, "max_length": 64}},
+     r"random-length samples \(data.random_length\) in some phases and prepared rows in others are not implemented"),
+    ({"path": "{long}", "random_length": {"min_length": 12, "max_length": 4096}}, None),
+])
+def test_per_phase_data_that_would_read_wrong_is_refused_naming_the_phase(tmp_path, data, message):
+    data = {k: (v.format(data=tmp_path / "data", long=tmp_path / "long") if isinstance(v, str) else v)
+            for k, v in data.items()}
+    if message is None:  # all phases random-length, but longer than the phase's context
+        with pytest.raises(ValueError, match=r"phases\[1\]\.data\.random_length\.max_length 4096 exceeds the "
+                                             r"max_position_embeddings 1024 of phase 1"):
+            _config(tmp_path, {"data": data}, data={"path": str(tmp_path / "data"),
+                                                    "random_length": {"min_length": 12, "max_length": 64}})
+        return
+    with pytest.raises(ValueError, match=message):
+        _config(tmp_path, {"data": data})
+
+
+def test_a_branch_whose_earlier_phases_read_other_data_is_refused(tmp_path):
+    wsd = {"style": "wsd", "warmup_steps": 2, "decay_steps": 1}
+    parent = _config(tmp_path, {"data": {"path": str(tmp_path / "long")}}, schedule=wsd)
+    moved = _config(tmp_path, {"data": {"path": str(tmp_path / "elsewhere")}}, schedule=wsd)
+    check_branch_plan(parent, moved, 7, "parent")            # the same data, moved: a location is free
+    other = _config(tmp_path, {"data": {"path": str(tmp_path / "long"), "seed": 9}}, schedule=wsd)
+    with pytest.raises(BranchError, match="phases.1.data: the phase reads .* in the parent but .* here"):
+        check_branch_plan(parent, other, 7, "parent")
+    check_branch_plan(parent, other, sc.SWITCH, "parent")    # a branch at the switch may choose its data
