@@ -100,11 +100,31 @@ class Phase:
     steps: int | None = None
     mask_ratio: float = 0.4
     mask_mode: str = "mask_only"
+    # beyond the paper (docs/training.md): a mask-rate schedule, a raised RoPE θ / context, the phase's own data
+    mask_schedule: str = "constant"
+    mask_ratio_end: float | None = None
+    rope_theta: float | None = None
+    max_position_embeddings: int | None = None
+    data_path: str | None = None
+    random_length: tuple[int, int] | None = None  # with data_path: the phase's own sample lengths
+    name: str | None = None  # default: the objective's kind
 
 
 def _config_of(obj) -> run.Config:
     """A flat dataclass instance -> the equivalent `run.Config` (so CLI overrides can reach every field)."""
     return run.Config(type(obj), **{f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def _phase_config(phase: Phase, tokenizer: str | None, seed: int) -> run.Config:
+    data = None if phase.data_path is None else run.Config(
+        DataConfig, path=phase.data_path, tokenizer=tokenizer, seed=seed,
+        random_length=None if phase.random_length is None else run.Config(SampleLengths, *phase.random_length))
+    return run.Config(PhaseConfig, steps=phase.steps, fraction=phase.fraction, name=phase.name,
+                      rope_theta=phase.rope_theta,
+                      max_position_embeddings=phase.max_position_embeddings, data=data,
+                      objective=run.Config(ObjectiveConfig, kind=phase.kind, mask_ratio=phase.mask_ratio,
+                                           mask_mode=phase.mask_mode, mask_schedule=phase.mask_schedule,
+                                           mask_ratio_end=phase.mask_ratio_end))
 
 
 def train_partial(
@@ -143,10 +163,7 @@ def train_partial(
         model=run.Config(ModelConfig, **model.to_dict()),
         data=run.Config(DataConfig, path=data_path, tokenizer=tokenizer, seed=seed,
                         random_length=None if random_length is None else run.Config(SampleLengths, *random_length)),
-        phases=[run.Config(PhaseConfig, steps=p.steps, fraction=p.fraction,
-                           objective=run.Config(ObjectiveConfig, kind=p.kind, mask_ratio=p.mask_ratio,
-                                                mask_mode=p.mask_mode))
-                for p in phases],
+        phases=[_phase_config(p, tokenizer, seed) for p in phases],
         total_steps=total_steps,
         global_batch_size=global_batch_size,
         micro_batch_size=micro,

@@ -32,7 +32,14 @@ def _phases(cfg: TrainConfig) -> str:
         objective = phase.objective
         what = objective.kind.upper() + (f" (mask {_mask_rate(objective)}, {objective.mask_mode})"
                                          if objective.kind == "mlm" else "")
-        parts.append(f"{phase.name}: {what}, steps {start + 1}–{end}")
+        raised = [f"{label} {getattr(phase, key):g}" for key, label in (("rope_theta", "RoPE θ"),
+                                                                         ("max_position_embeddings", "context"))
+                  if getattr(phase, key) is not None]
+        if phase.data is not None:
+            raised.append(f"data {phase.data.path or phase.data.blend}"
+                          + (f" (random lengths {phase.data.random_length.min_length}–"
+                             f"{phase.data.random_length.max_length})" if phase.data.random_length else ""))
+        parts.append(f"{phase.name}: {what}, steps {start + 1}–{end}" + "".join(f", {r}" for r in raised))
     return "; ".join(parts)
 
 

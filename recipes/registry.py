@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import nemo_run as run
 
-from recipes import grid, paper, tiny
+from recipes import grid, paper, phase_plan, tiny
 from recipes.base import PAPER_RUN_ROOT, PAPER_SEQ_LENGTH, SIZES, tokens_per_sample, validate, world_size
 from recipes.entry import pretrain_entry
 
@@ -52,6 +52,9 @@ def _paper_recipes() -> list[Recipe]:
                    f"CLM then MLM in one job (in-process switch), {size}{extension}", **common),
             Recipe(f"cpt_{size}", paper.cpt, f"continued MLM pretraining from a checkpoint, {size}{extension}",
                    example={"init_from": f"{PAPER_RUN_ROOT}/{paper.clm_name(size, 42_000)}"}, **common),
+            Recipe(f"clm_mlm_long_{size}", phase_plan.clm_mlm_long,
+                   f"beyond the paper: CLM 50 % → MLM 30→15 % → 8k-context MLM (θ 160k, own data), {size}",
+                   **common),
         ]
     return recipes
 
@@ -63,6 +66,9 @@ def _tiny_recipes() -> list[Recipe]:
         Recipe("tiny_clm", tiny.tiny_clm, "CPU demo: tiny model, CLM only, 2 processes", **common),
         Recipe("tiny_mlm", tiny.tiny_mlm, "CPU demo: tiny model, MLM only (init_from= makes it CPT), 2 processes",
                **common),
+        Recipe("tiny_phase_plan", tiny.tiny_phase_plan, "CPU twin of clm_mlm_long: CLM → MLM 30→15 % → 256-token "
+               "MLM (θ 40k, own rows), 2 processes", seq_length=tiny.TINY_SEQ_LENGTH,
+               prepare=tiny.prepare_tiny_phase_plan_data),
     ]
 
 

@@ -78,11 +78,16 @@ def memory_plan(cfg, world: int, seq_length: int, capacity: int = H100_80GB_BYTE
     dp = par.data_parallel_size(world)
     layout = RankLayout(par.tensor_parallel, par.pipeline_parallel, par.sequence_parallel, dp,
                         cfg.optimizer.distributed_optimizer, cfg.num_microbatches(dp), bool(cfg.precision.fp8))
-    lengths = cfg.data.random_length
-    if lengths is not None:  # one row of micro_batch samples; at worst every sample is max_length long
-        mean_tokens, worst_tokens = round(cfg.micro_batch_size * lengths.mean), cfg.worst_row_tokens(seq_length)
-    else:
-        mean_tokens = worst_tokens = cfg.micro_batch_size * seq_length
+    mean_tokens = worst_tokens = 0
+    for phase, data, model in zip(cfg.phases, cfg.phase_data(), cfg.phase_models()):
+        # a phase's own prepared rows are at most its context long (checked when the run starts)
+        rows = seq_length if phase.data is None else model.max_position_embeddings
+        lengths = data.random_length
+        if lengths is not None:  # one row of micro_batch samples; at worst every sample is max_length long
+            mean, worst = round(cfg.micro_batch_size * lengths.mean), cfg.worst_row_tokens(rows, data)
+        else:
+            mean = worst = cfg.micro_batch_size * rows
+        mean_tokens, worst_tokens = max(mean_tokens, mean), max(worst_tokens, worst)
     predicted = max(1.0 if p.objective.kind == "clm" or not cfg.sparse_mlm_head else p.objective.max_ratio
                     for p in cfg.phases)
     plan = MemoryPlan(f"tp{par.tensor_parallel} pp{par.pipeline_parallel} dp{dp}",

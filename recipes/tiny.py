@@ -21,11 +21,12 @@ TINY_MAX_TOKENS = 300_000  # enough packed sequences for a few hundred tiny step
 def _tiny(run_name: str, phases: list[Phase], *, steps: int, processes: int, data_path: str, run_dir: str | None,
           warmup_steps: int, decay_steps: int, init_from: str | None = None,
           tensor_parallel: int = 1, nodes: int = 1, seed: int = 1234, lr: float = 1e-3, micro_batch: int = 2,
-          validation_samples: int | None = None) -> run.Partial:
+          validation_samples: int | None = None, max_positions: int | None = None) -> run.Partial:
     """Every tiny recipe: besides the shape, the pretraining seed (weights, data order, masks), the peak learning
     rate, the largest micro batch per process and the validation samples (default: one global batch)."""
     partial = train_partial(
-        model=preset("tiny"), layout=ParallelConfig(tensor_parallel=tensor_parallel), phases=phases,
+        model=preset("tiny", **({} if max_positions is None else {"max_position_embeddings": max_positions})),
+        layout=ParallelConfig(tensor_parallel=tensor_parallel), phases=phases,
         total_steps=steps, global_batch_size=8, nodes=nodes, gpus_per_node=processes, data_path=data_path,
         run_dir=run_dir or f"{TINY_RUN_ROOT}/{run_name}", tokenizer="embedded", warmup_steps=warmup_steps,
         decay_steps=decay_steps, lr=lr, init_from=init_from, fp8=False, max_micro_batch=micro_batch,
@@ -67,8 +68,40 @@ def tiny_mlm(steps: int = 20, mask_ratio: float = 0.4, processes: int = 2, data_
                  lr=lr, micro_batch=micro_batch, validation_samples=validation_samples)
 
 
+TINY_LONG_SEQ_LENGTH = 2 * TINY_SEQ_LENGTH  # the twin's long-context rows
+
+
+def tiny_phase_plan(steps: int = 40, processes: int = 2, data_path: str = TINY_DATA_PATH,
+                    long_data_path: str | None = None, run_dir: str | None = None, seed: int = 1234,
+                    lr: float = 1e-3, micro_batch: int = 2) -> run.Partial:
+    """The CPU twin of `clm_mlm_long_<size>` (recipes/phase_plan.py): CLM 50 %, MLM 30 % → 15 % linear, then a
+    long-context MLM phase (10 %, at least 2 steps) at 15 % on rows of 256 tokens (`long_data_path`, default
+    DATA_PATH_long) with the context raised from 128 to 256 and RoPE θ from 10,000 to 40,000, the WSD decay."""
+    from recipes.phase_plan import MASK_END, MASK_START
+
+    clm_steps, long_steps = round(steps * 0.5), max(2, round(steps * 0.1))
+    if steps - clm_steps - long_steps < 1:
+        raise ValueError(f"tiny_phase_plan needs steps >= 5 (CLM, MLM and the long phase), got {steps}")
+    phases = [Phase("clm", steps=clm_steps),
+              Phase("mlm", steps=steps - clm_steps - long_steps, mask_ratio=MASK_START, mask_schedule="linear",
+                    mask_ratio_end=MASK_END),
+              Phase("mlm", steps=long_steps, mask_ratio=MASK_END, name="mlm_long", rope_theta=40_000.0,
+                    max_position_embeddings=TINY_LONG_SEQ_LENGTH, data_path=long_data_path or f"{data_path}_long")]
+    partial = _tiny("tiny_phase_plan", phases, steps=steps, processes=processes, data_path=data_path,
+                    run_dir=run_dir, warmup_steps=max(1, steps // 10), decay_steps=long_steps, seed=seed, lr=lr,
+                    micro_batch=micro_batch, max_positions=TINY_SEQ_LENGTH)  # the long phase raises it
+    return partial
+
+
+def prepare_tiny_phase_plan_data(data_path: str = TINY_DATA_PATH) -> Path:
+    """The tiny data, and beside it (DATA_PATH_long) the same corpus packed at the long phase's 256 tokens."""
+    prepare_tiny_data(data_path)
+    prepare_tiny_data(f"{data_path}_long", seq_length=TINY_LONG_SEQ_LENGTH)
+    return Path(data_path)
+
+
 def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MAX_TOKENS,
-                      validation_every: int | None = None) -> Path:
+                      validation_every: int | None = None, seq_length: int = TINY_SEQ_LENGTH) -> Path:
     """The embedded demo corpus, packed for the tiny recipes (with `validation_every`, every K-th work held out as
     the validation split); reused when a manifest is already there.
 
@@ -80,6 +113,6 @@ def prepare_tiny_data(data_path: str = TINY_DATA_PATH, max_tokens: int = TINY_MA
         if path.is_file() or (path.is_dir() and any(path.iterdir())):
             raise ValueError(f"{path} is not empty and not a dataset (no manifest.json): refusing to prepare the "
                              f"embedded corpus into it")
-        prepare_embedded_corpus(path, seq_length=TINY_SEQ_LENGTH, max_tokens=max_tokens, progress=False,
+        prepare_embedded_corpus(path, seq_length=seq_length, max_tokens=max_tokens, progress=False,
                                 validation_every=validation_every)
     return path

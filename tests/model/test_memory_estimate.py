@@ -71,3 +71,26 @@ def test_worst_case_is_what_refuses_a_layout(tmp_path):
     with pytest.raises(ValueError, match="at 32,768 tokens"):
         memory_plan(config("eurobert-2.1b", micro=16, chunk=256), world=192, seq_length=2048)
     assert GIB == 2**30
+
+
+def test_the_plan_counts_a_long_context_phase_at_its_own_length(tmp_path):
+    """A short-row phase, then a phase of its own rows at an 8,192-token context: the worst case is the long
+    phase's (its rows are at most its context), not the run data's rows."""
+    from mlmclm.objectives import ObjectiveConfig
+    from mlmclm.train.config import DataConfig, PhaseConfig, TrainConfig
+    from recipes.sweep import memory_plan
+
+    phases = [PhaseConfig(ObjectiveConfig("clm"), steps=8),
+              PhaseConfig(ObjectiveConfig("mlm"), steps=2, rope_theta=160_000.0, max_position_embeddings=8192,
+                          data=DataConfig(path=str(tmp_path / "long")))]
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), model=preset("eurobert-210m"), total_steps=10,
+                      global_batch_size=4 * 8, micro_batch_size=4, data=DataConfig(path=str(tmp_path / "short")),
+                      phases=phases)
+    plan = memory_plan(cfg, world=8, seq_length=1024)
+    assert plan.worst.tokens == plan.mean.tokens == 4 * 8192
+    short_only = memory_plan(TrainConfig(run_dir=str(tmp_path / "run"), model=preset("eurobert-210m"), total_steps=10,
+                                         global_batch_size=32, micro_batch_size=4,
+                                         data=DataConfig(path=str(tmp_path / "short")),
+                                         phases=[PhaseConfig(ObjectiveConfig("clm"), steps=10)]), world=8,
+                             seq_length=1024)
+    assert short_only.worst.tokens == 4 * 1024 and short_only.worst.total < plan.worst.total
