@@ -118,11 +118,15 @@ def seed_label(name: str, seed: int) -> str:
 
 
 def mini_grid(steps: int = MINI_STEPS, cpt_steps: int = MINI_CPT_STEPS, seeds: tuple[int, ...] = MINI_SEEDS,
-              splits: tuple[float, ...] = MINI_SPLITS) -> list[GridRun]:
+              splits: tuple[float, ...] = MINI_SPLITS,
+              mask_schedule: tuple[float, float] | None = None) -> list[GridRun]:
     """The paper's design at CPU scale, once per pretraining seed: MLM-40 % and CLM from scratch for `steps`; CLM
     then MLM at each CLM share of `splits`, branched off the CLM run's stable phase at its switch (every run of the
     budget decays over its last fifth, as the paper's all decay over their last 2k steps); MLM continued for
-    `cpt_steps` from the decayed CLM and from the decayed MLM run. Names carry `-s<seed>`."""
+    `cpt_steps` from the decayed CLM and from the decayed MLM run. Names carry `-s<seed>`.
+
+    `mask_schedule` (start, end), beyond the paper: one more branch per seed, at the middle split, whose MLM rate
+    falls linearly from start to end over its phase — beside the constant-40 % branch of the same split."""
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"mini grid: seeds must be distinct and at least one, got {seeds}")
     decay = max(1, steps // 5)
@@ -140,6 +144,15 @@ def mini_grid(steps: int = MINI_STEPS, cpt_steps: int = MINI_CPT_STEPS, seeds: t
             runs.append(GridRun(seed_label(f"mini-clm-{switch}-mlm40-{steps}", seed), "tiny_clm_mlm",
                                 {"steps": steps, "clm_share": share, "decay_steps": decay, **common},
                                 experiment="biphasic split", branch_of=clm, branch_step=switch))
+        if mask_schedule is not None:
+            start, end = mask_schedule
+            share = sorted(splits)[len(splits) // 2]
+            switch = round(steps * share)
+            runs.append(GridRun(seed_label(f"mini-clm-{switch}-mlm{start:.0%}to{end:.0%}-{steps}".replace("%", ""),
+                                           seed), "tiny_clm_mlm",
+                                {"steps": steps, "clm_share": share, "decay_steps": decay, "mask_ratio": start,
+                                 "mask_schedule": "linear", "mask_ratio_end": end, **common},
+                                experiment="biphasic split, mask-rate schedule", branch_of=clm, branch_step=switch))
         for parent, kind in ((clm, "clm"), (mlm, "mlm40")):
             runs.append(GridRun(seed_label(f"mini-{kind}-dec{steps}-mlm40-{cpt_steps}", seed), "tiny_mlm",
                                 {"steps": cpt_steps, **common}, after=parent,

@@ -43,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cpt-steps", type=int, default=grid.MINI_CPT_STEPS, help="continued-pretraining steps")
     parser.add_argument("--splits", type=float, nargs="+", default=list(grid.MINI_SPLITS),
                         help="CLM shares of the budget for the CLM→MLM branches")
+    parser.add_argument("--mask-schedule", type=float, nargs=2, metavar=("START", "END"), default=None,
+                        help="beyond the paper: one more branch per seed at the middle split, its MLM rate falling "
+                             "linearly from START to END (e.g. 0.4 0.15), beside the constant-40%% branch")
     parser.add_argument("--smoke-steps", type=int, default=None, help="fine-tuning steps per smoke run (default: "
                         "the smoke budget, 100)")
     parser.add_argument("--passages", type=int, default=None, help="held-back passages for fill-mask (default 60)")
@@ -56,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.mask_schedule is not None and not all(0 < r < 1 for r in args.mask_schedule):
+        parser.error(f"--mask-schedule rates must be strictly between 0 and 1, got {args.mask_schedule}")
     if any(not 0 < s < 1 for s in args.splits):
         parser.error(f"--splits must be CLM shares strictly between 0 and 1, got {args.splits}")
     return args
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     from recipes import launch, sweep
 
     options = {"steps": args.steps, "cpt_steps": args.cpt_steps, "seeds": tuple(args.seeds),
-               "splits": tuple(args.splits)}
+               "splits": tuple(args.splits),
+               "mask_schedule": None if args.mask_schedule is None else tuple(args.mask_schedule)}
     try:
         check_out(out, args.force)
         planned = sweep.build_plan("mini", run_root=str(work / "runs"), data_path=str(work / "data"),

@@ -39,11 +39,14 @@ def _tiny(run_name: str, phases: list[Phase], *, steps: int, processes: int, dat
 def tiny_clm_mlm(steps: int = 20, clm_share: float = 0.25, mask_ratio: float = 0.4, processes: int = 2,
                  data_path: str = TINY_DATA_PATH, run_dir: str | None = None,
                  tensor_parallel: int = 1, nodes: int = 1, decay_steps: int | None = None, seed: int = 1234,
-                 lr: float = 1e-3, micro_batch: int = 2, validation_samples: int | None = None) -> run.Partial:
-    """CLM then MLM in one job (in-process switch) on CPU; `nodes` > 1 spreads the processes over Slurm nodes
+                 lr: float = 1e-3, micro_batch: int = 2, validation_samples: int | None = None,
+                 mask_schedule: str = "constant", mask_ratio_end: float | None = None) -> run.Partial:
+    """CLM then MLM in one job (in-process switch) on CPU (the MLM rate may follow a `mask_schedule` from
+    `mask_ratio` to `mask_ratio_end` over its phase); `nodes` > 1 spreads the processes over Slurm nodes
     (nodes × processes ranks, the same global batch). The decay defaults to half the MLM phase (the switch must
     precede it); the mini-replication gives every run of a budget the same decay, as the paper does."""
-    phases = [Phase("clm", fraction=clm_share), Phase("mlm", fraction=1 - clm_share, mask_ratio=mask_ratio)]
+    phases = [Phase("clm", fraction=clm_share), Phase("mlm", fraction=1 - clm_share, mask_ratio=mask_ratio,
+                                                      mask_schedule=mask_schedule, mask_ratio_end=mask_ratio_end)]
     decay = decay_steps if decay_steps is not None else max(1, round(steps * (1 - clm_share)) // 2)
     return _tiny("tiny_clm_mlm", phases, steps=steps, processes=processes, data_path=data_path, run_dir=run_dir,
                  warmup_steps=max(1, steps // 10), decay_steps=decay, tensor_parallel=tensor_parallel, nodes=nodes,

@@ -66,6 +66,14 @@ def check_data_fits_model(cfg: TrainConfig, manifest: Manifest, phase: int = 0, 
         raise ValueError(f"data seq_length {manifest.seq_length} ({manifest.location}, phase {phase}) exceeds the "
                          f"max_position_embeddings {model.max_position_embeddings} of that phase "
                          f"(model.max_position_embeddings, or raise it with phases[{phase}].max_position_embeddings)")
+    raised = cfg.phases[phase].max_position_embeddings
+    longest = manifest.seq_length if data.random_length is None else data.random_length.max_length
+    if raised is not None and longest < raised:
+        source = (f"the rows of {manifest.location}" if data.random_length is None
+                  else "its data.random_length.max_length")
+        raise ValueError(f"phases[{phase}].max_position_embeddings {raised}: the phase's longest sample is {longest} "
+                         f"tokens ({source}), so the context it claims would never be trained; give the phase data "
+                         f"of that length")
     if cfg.parallel.sequence_parallel and data.random_length is None and \
             manifest.seq_length % cfg.parallel.tensor_parallel:
         raise ValueError(f"sequence parallelism needs seq_length {manifest.seq_length} divisible by "

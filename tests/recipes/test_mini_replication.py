@@ -93,3 +93,21 @@ def test_the_command_end_to_end_at_a_tiny_scale(tmp_path):
     assert facts["command"] == "python -m recipes grid mini " + " ".join(command[4:]) and facts["trained_now"] == 5
     assert 0 < facts["wall_time_s"] <= wall
     assert "wall time" in (out / "README.md").read_text()
+
+
+def test_the_mini_grid_can_add_a_mask_schedule_branch_per_seed(tmp_path, capsys):
+    planned = sweep.build_plan("mini", run_root=str(tmp_path), grid_options={"seeds": (1, 2),
+                                                                            "mask_schedule": (0.4, 0.15)})
+    extra = [p for p in planned if "to15" in p.entry.name]
+    assert [p.entry.name for p in extra] == ["mini-clm-200-mlm40to15-400-s1", "mini-clm-200-mlm40to15-400-s2"]
+    from recipes.base import validate
+    cfg = validate(extra[0].partial)
+    mlm = cfg.phases[1].objective
+    assert (mlm.mask_ratio, mlm.mask_schedule, mlm.mask_ratio_end) == (0.4, "linear", 0.15)
+    assert (extra[0].entry.branch_of, extra[0].entry.branch_step) == ("mini-clm-400-s1", 200)
+    assert mini.main(["--plan", "--seeds", "1", "--mask-schedule", "0.4", "0.15", "--work", str(tmp_path / "w"),
+                      "--out", str(tmp_path / "o")]) == 0
+    assert "mini-clm-200-mlm40to15-400-s1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        mini.main(["--plan", "--mask-schedule", "0.4", "1.5", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
+    assert refused.value.code == 2 and "--mask-schedule rates must be strictly between 0 and 1" in capsys.readouterr().err

@@ -17,10 +17,11 @@ STEPS = (4, 3, 3)  # short rows (CLM), long rows (MLM), short rows again (MLM)
 
 
 def config(run_dir, short, long):
-    return sc.config(run_dir, short, phases=[
+    # the model is built for the short rows' context; the long phase raises it to its rows' length
+    return sc.config(run_dir, short, model={"preset": "tiny", "max_position_embeddings": sc.SEQ}, phases=[
         {"objective": {"kind": "clm"}, "steps": STEPS[0]},
         {"objective": {"kind": "mlm", "mask_ratio": 0.3}, "steps": STEPS[1], "name": "mlm_long",
-         "rope_theta": 40_000.0, "max_position_embeddings": 2048,
+         "rope_theta": 40_000.0, "max_position_embeddings": LONG_ROWS,
          "data": {"path": str(long), "tokenizer": "embedded"}},
         {"objective": {"kind": "mlm", "mask_ratio": 0.3}, "steps": STEPS[2]}])
 
@@ -65,7 +66,7 @@ def test_the_first_dataset_reads_on_where_its_phase_left_off(runs):
     # had the third phase started the dataset again, it would have consumed 8 * STEPS[2] samples, not these
     assert (short["consumed_samples"], long["consumed_samples"]) == (8 * (STEPS[0] + STEPS[2]), 8 * STEPS[1])
     assert final["consumed_samples"] == 8 * sc.TOTAL
-    assert (final["rope_theta"], final["max_position_embeddings"]) == (40_000.0, 2048)
+    assert (final["rope_theta"], final["max_position_embeddings"]) == (40_000.0, LONG_ROWS)
 
 
 def test_a_resume_across_the_data_switch_is_bit_identical(runs):

@@ -96,3 +96,21 @@ def test_a_branch_whose_earlier_phases_read_other_data_is_refused(tmp_path):
     with pytest.raises(BranchError, match="phases.1.data: the phase reads .* in the parent but .* here"):
         check_branch_plan(parent, other, 7, "parent")
     check_branch_plan(parent, other, sc.SWITCH, "parent")    # a branch at the switch may choose its data
+
+
+def test_a_raised_context_longer_than_the_phases_samples_is_refused(tmp_path):
+    from mlmclm.data.manifest import Manifest
+    from mlmclm.train.pretrain import check_data_fits_model
+
+    manifest = Manifest.__new__(Manifest)
+    from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
+
+    manifest.tokenizer = tokenizer_identity(load_tokenizer("embedded"))  # the scenario's data.tokenizer
+    manifest.seq_length, manifest.location = 1024, str(tmp_path / "long")
+    cfg = _config(tmp_path, {"max_position_embeddings": 2048, "data": {"path": str(tmp_path / "long")}})
+    with pytest.raises(ValueError, match=r"phases\[1\]\.max_position_embeddings 2048: the phase's longest sample is "
+                                         r"1024 tokens \(the rows of .*long\), so the context it claims would never "
+                                         r"be trained"):
+        check_data_fits_model(cfg, manifest, 1, cfg.phase_models()[1])
+    manifest.seq_length = 2048
+    check_data_fits_model(cfg, manifest, 1, cfg.phase_models()[1])
