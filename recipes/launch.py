@@ -195,8 +195,11 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
         # Slurm: submitted detached and followed with scontrol (NeMo-Run's own wait and status need sacct).
         # NeMo-Run's status table and its "reconstruct this experiment" hints (~20 lines) are left out: the progress
         # lines, the task's outcome and the experiment directory printed here say what a user needs.
+        # Locally, on the user's terminal, NeMo-Run's banners and its live status panel (~8 lines around the
+        # progress lines, its box glued to the next line) are left out too (clean_mode): RunProgress says more.
+        quiet_console = console_log is None and not (slurm or dryrun or detach)
         with run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=True,
-                            enable_goodbye_message=False) as exp:
+                            enable_goodbye_message=False, clean_mode=quiet_console) as exp:
             previous = None
             for name, partial in tasks:
                 executor = make_executor(executor_kind, partial, executor_options)

@@ -135,7 +135,12 @@ def describe(planned_run, by_name) -> dict:
     if entry.after:
         parent_run = by_name[entry.after]
         parent = {"label": entry.after, "objective": describe(parent_run, by_name)["objective"]}
-    return {"label": entry.name, "base": base, "seed": seed, "objective": kind, "total_steps": planned_run.total_steps,
+    variant = None
+    if entry.params.get("mask_schedule", "constant") != "constant":
+        variant = (f"mask {entry.params['mask_ratio']:.0%} → {entry.params['mask_ratio_end']:.0%} "
+                   f"{entry.params['mask_schedule']}")
+    return {"label": entry.name, "base": base, "seed": seed, "objective": kind, "variant": variant,
+            "total_steps": planned_run.total_steps,
             "clm_steps": clm_steps, "parent": parent, "branch_of": entry.branch_of, "branch_step": entry.branch_step}
 
 

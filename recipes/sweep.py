@@ -346,7 +346,8 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     interrupt = None if slurm or dryrun or detach else LocalInterrupt(os.fdopen(os.dup(2), "w"))
     with launch._interruptible(interrupt), \
             run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=True,
-                           enable_goodbye_message=False) as exp:  # NeMo-Run's ~20 lines of status and hints
+                           enable_goodbye_message=False,  # NeMo-Run's ~20 lines of status and hints
+                           clean_mode=not (slurm or dryrun or detach)) as exp:  # and, locally, its banners and panel
         job_ids: dict[str, str] = {}
         for job in jobs:
             executor = launch.make_executor(executor_kind, job.partial, executor_options)

@@ -33,6 +33,7 @@ class PretrainedModel:
     validation: tuple[tuple[int, float, float], ...]  # (step, val CLM loss, val MLM loss), whole history
     fill_mask_loss: float
     fill_mask_top1: float
+    variant: str | None = None  # beyond the paper's design, e.g. "mask 40 → 15 % linear": drawn apart from it
 
     @property
     def clm_share(self) -> float:
@@ -77,10 +78,13 @@ def _model(raw, where: str) -> PretrainedModel:
         curve.append((point[0], _number(point[1], f"{where}.validation[{index}]"),
                       _number(point[2], f"{where}.validation[{index}]")))
     parent = raw.get("parent")
+    variant = raw.get("variant")
+    if variant is not None and not isinstance(variant, str):
+        raise PretrainingInputError(f"{where}: field 'variant' must be a string or null, got {variant!r}")
     return PretrainedModel(raw["label"], raw["base"], raw["seed"], raw["objective"], raw["total_steps"],
                            raw["clm_steps"], parent.get("objective") if isinstance(parent, dict) else None,
                            tuple(sorted(curve)), _number(raw["fill_mask"].get("loss"), f"{where}.fill_mask.loss"),
-                           _number(raw["fill_mask"].get("top1"), f"{where}.fill_mask.top1"))
+                           _number(raw["fill_mask"].get("top1"), f"{where}.fill_mask.top1"), variant)
 
 
 def load_pretraining(result_dirs: list[Path]) -> tuple[list[PretrainedModel], dict[str, dict[str, float]]]:

@@ -71,10 +71,10 @@ def _band(ax, steps, means, cis, **style) -> None:
 def split_figure(models: list[PretrainedModel], table: SeedTable, path: Path) -> int:
     """x = CLM share, y = each column of the seed table (mean ± CI over seeds), one line per budget; returns the
     points drawn (0: nothing written)."""
-    points = {}
+    points = {}  # base -> (budget, CLM share, variant): a variant (beyond the paper's design) gets its own line
     for base, runs in _by_base(models).items():
         if runs[0].objective in ("MLM", "CLM", "biphasic"):
-            points[base] = (runs[0].total_steps, runs[0].clm_share)
+            points[base] = (runs[0].total_steps, runs[0].clm_share, runs[0].variant)
     columns = [c for c in table.columns if any((b, c) in table.cells for b in points)]
     if len(points) < 2 or not columns:
         return 0
@@ -83,14 +83,15 @@ def split_figure(models: list[PretrainedModel], table: SeedTable, path: Path) ->
     drawn = 0
     for column, ax in zip(columns, axes[0]):
         scale = 100 if column in table.percent else 1
-        for budget in sorted({b for b, _ in points.values()}):
-            line = sorted((share, table.cells[(base, column)]) for base, (b, share) in points.items()
-                          if b == budget and (base, column) in table.cells)
+        for budget, variant in sorted({(b, v or "") for b, _, v in points.values()}):
+            line = sorted(((share, table.cells[(base, column)]) for base, (b, share, v) in points.items()
+                           if b == budget and (v or "") == variant and (base, column) in table.cells),
+                          key=lambda point: point[0])
             if not line:
                 continue
-            ax.errorbar([s for s, _ in line], [scale * c.mean for _, c in line], marker="o", capsize=3,
-                        yerr=[scale * c.ci95 if math.isfinite(c.ci95) else 0.0 for _, c in line],
-                        label=f"{budget} steps")
+            ax.errorbar([s for s, _ in line], [scale * c.mean for _, c in line], marker="s" if variant else "o",
+                        capsize=3, yerr=[scale * c.ci95 if math.isfinite(c.ci95) else 0.0 for _, c in line],
+                        label=f"{budget} steps" + (f", {variant}" if variant else ""))
             drawn += len(line)
         ax.set_title(column + (" (%)" if scale == 100 else " (nats)"), fontsize=9)
         ax.set_xlabel("CLM share of the budget (%)")

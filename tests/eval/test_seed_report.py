@@ -97,3 +97,28 @@ def test_labels_without_seeds_get_no_seed_table(tmp_path):
     out = tmp_path / "report"
     write_report([root], out)
     assert not (out / SEEDS_TABLE_MD).exists() and "pretraining seeds" not in (out / "report.md").read_text()
+
+
+def test_a_mask_schedule_variant_at_the_same_split_gets_its_own_line(seeded, tmp_path):
+    """recipes grid mini --mask-schedule: a second biphasic run at the 50 % split, marked as a variant; the split
+    figure draws it apart (sorting two runs of one share once raised TypeError on their cells)."""
+    runs = json.loads((seeded / PRETRAINING_FILE).read_text())
+    for seed, offset in zip((1, 2, 3), (0.0, 0.1, 0.2)):
+        run = pretraining_run("mini-clm-4-mlm40-8", seed, offset)
+        run.update(label=f"mini-clm-4-mlm40to15-8-s{seed}", base="mini-clm-4-mlm40to15-8",
+                   variant="mask 40% → 15% linear")
+        runs["runs"].append(run)
+        write_run(seeded, run["label"], "smoke_named_character", "qa", 3e-3, 0, 0.9, 0.9)
+    (seeded / PRETRAINING_FILE).write_text(json.dumps(runs))
+    models, _ = load_pretraining([seeded])
+    assert {m.variant for m in models if m.base == "mini-clm-4-mlm40to15-8"} == {"mask 40% → 15% linear"}
+    assert {m.variant for m in models if m.base == "mini-clm-4-mlm40-8"} == {None}
+    out = tmp_path / "report"
+    write_report([seeded], out)
+    assert (out / SPLIT_PNG).read_bytes()[:8] == PNG_MAGIC
+    # the three shares of the paper's design and the variant's one, × 5 panels
+    assert "biphasic split × budget over pretraining seeds, 20 points" in (out / "report.md").read_text()
+    runs["runs"][-1]["variant"] = 3
+    (seeded / PRETRAINING_FILE).write_text(json.dumps(runs))
+    with pytest.raises(ValueError, match="field 'variant' must be a string or null"):
+        load_pretraining([seeded])

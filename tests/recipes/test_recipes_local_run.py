@@ -14,6 +14,9 @@ def test_tiny_clm_mlm_runs_with_the_local_executor(uninterrupted_tiny_run):
     assert f"{run_dir}: new run of {steps} steps" in console
     assert re.search(rf"step +{steps}/{steps} \[mlm\] loss \d+\.\d+.*tok/s", console), console
     assert f"metrics: {run_dir / 'metrics.jsonl'}; TensorBoard:" in console
+    # NeMo-Run's banners and live status panel stay out of the terminal (the progress lines say more)
+    assert "Entering Experiment" not in console and "Waiting for Experiment" not in console, console
+    assert "SUCCEEDED" not in console and "╭" not in console, console
 
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(steps)
