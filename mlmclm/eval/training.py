@@ -154,9 +154,11 @@ def make_optimizer(model: torch.nn.Module, config: FinetuneConfig) -> torch.opti
     """AdamW with the config's betas/eps; weight decay on matrices only (not on norms and biases)."""
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "norm" in n.lower()]
     decay = [p for n, p in model.named_parameters() if not (p.ndim < 2 or "norm" in n.lower())]
+    # fused: one kernel over all tensors, as transformers' Trainer runs AdamW by default (adamw_torch_fused) —
+    # EncodEval's optimizer; on CPU 3.4x faster than torch's per-tensor loop (benchmarks/finetune_step.py)
     return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate,
-                             betas=(config.beta1, config.beta2), eps=config.eps)
+                             betas=(config.beta1, config.beta2), eps=config.eps, fused=True)
 
 
 def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[list], Any],
