@@ -90,10 +90,9 @@ def tiny_phase_plan(steps: int = 40, processes: int = 2, data_path: str = TINY_D
                     mask_ratio_end=MASK_END),
               Phase("mlm", steps=long_steps, mask_ratio=MASK_END, name="mlm_long", rope_theta=40_000.0,
                     max_position_embeddings=TINY_LONG_SEQ_LENGTH, data_path=long_data_path or f"{data_path}_long")]
-    partial = _tiny("tiny_phase_plan", phases, steps=steps, processes=processes, data_path=data_path,
-                    run_dir=run_dir, warmup_steps=max(1, steps // 10), decay_steps=long_steps, seed=seed, lr=lr,
-                    micro_batch=micro_batch, max_positions=TINY_SEQ_LENGTH)  # the long phase raises it
-    return partial
+    return _tiny("tiny_phase_plan", phases, steps=steps, processes=processes, data_path=data_path, run_dir=run_dir,
+                 warmup_steps=max(1, steps // 10), decay_steps=long_steps, seed=seed, lr=lr,
+                 micro_batch=micro_batch, max_positions=TINY_SEQ_LENGTH)  # the long phase raises it
 
 
 def prepare_tiny_phase_plan_data(data_path: str = TINY_DATA_PATH) -> Path:

@@ -20,6 +20,7 @@ from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, veri
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
+from mlmclm.train.config import PHASE_MODEL_FIELDS
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOKENIZER_SUBDIR = "tokenizer"  # a checkpoint may carry its tokenizer (convert_from_hf writes one)
@@ -99,8 +100,7 @@ def open_checkpoint(path: Path) -> SourceCheckpoint:
         raise ckpt.CheckpointError(f"{resolved}/{ckpt.RUN_CONFIG} has no `model` section")
     try:
         # the RoPE θ and context in force at the checkpoint's step: a phase may have raised them (TrainConfig.phases)
-        in_force = {name: train_state[name] for name in ("rope_theta", "max_position_embeddings")
-                    if train_state.get(name) is not None}
+        in_force = {name: train_state[name] for name in PHASE_MODEL_FIELDS if train_state.get(name) is not None}
         model = ModelConfig.from_dict({**run_config["model"], **in_force})
     except (TypeError, ValueError) as err:
         raise ckpt.CheckpointError(f"{resolved}/{ckpt.RUN_CONFIG}: invalid model config: {err}") from err

@@ -107,16 +107,17 @@ def check_branch_plan(parent, child, step: int, where: str) -> None:
             if a[2].get(key) != b[2].get(key):
                 raise BranchError(f"{where}: phases.{index}.objective.{key} is {a[2].get(key)!r} in the parent but "
                                   f"{b[2].get(key)!r} here, before the branch step {step}")
+    from mlmclm.train.config import PHASE_MODEL_FIELDS
+
     (_, parent_sources), (_, child_sources) = parent.data_streams(), child.data_streams()
     parent_data, child_data = parent.phase_data(), child.phase_data()
+    parent_models, child_models = parent.phase_models(), child.phase_models()
     for index in range(len(mine)):
         a, b = _data_identity(parent_data[index]), _data_identity(child_data[index])
         if a != b or parent_sources[index] != child_sources[index]:
             raise BranchError(f"{where}: phases.{index}.data: the phase reads {a} in the parent but {b} here, "
                               f"before the branch step {step}")
-    parent_models, child_models = parent.phase_models(), child.phase_models()
-    for index in range(len(mine)):
-        for name in ("rope_theta", "max_position_embeddings"):
+        for name in PHASE_MODEL_FIELDS:
             a, b = getattr(parent_models[index], name), getattr(child_models[index], name)
             if a != b:
                 raise BranchError(f"{where}: phases.{index}.{name}: {a!r} in force in the parent but {b!r} here, "

@@ -15,6 +15,10 @@ from mlmclm.tensorboard_tags import PHASE_NAME
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
 
 
+# The model fields a phase may raise (PhaseConfig): TrainConfig.phase_models carries them from phase to phase.
+PHASE_MODEL_FIELDS = ("rope_theta", "max_position_embeddings")
+
+
 @dataclass
 class PhaseConfig:
     """One phase of a run: an objective for `steps` steps, or for `fraction` of the run's total steps."""
@@ -203,9 +207,9 @@ class TrainConfig:
             validate_chunk_tokens(self.head_chunk_tokens)
         if self.manual_gc_interval < 0:
             raise ValueError(f"manual_gc_interval must be >= 0 (0 = automatic GC), got {self.manual_gc_interval}")
-        self.phase_models()  # validates that θ and the context never fall from one phase to the next
+        models = self.phase_models()  # validates that θ and the context never fall from one phase to the next
         self.data_streams()  # validates the phases' data (no dataset read twice from its start)
-        for index, (data, model) in enumerate(zip(self.phase_data(), self.phase_models())):
+        for index, (data, model) in enumerate(zip(self.phase_data(), models)):
             lengths = data.random_length
             if lengths is not None and lengths.max_length > model.max_position_embeddings:
                 field = "data" if self.phases[index].data is None else f"phases[{index}].data"
@@ -302,13 +306,12 @@ class TrainConfig:
         raises them. Refuses a θ or a context that falls, naming the phase's field."""
         models, current = [], self.model
         for index, phase in enumerate(self.phases):
-            for name in ("rope_theta", "max_position_embeddings"):
-                value, before = getattr(phase, name), getattr(current, name)
-                if value is not None and value < before:
-                    raise ValueError(f"phases[{index}].{name} {value} is below the {before} in force before it "
-                                     f"(model.{name} or an earlier phase's): a phase may raise it, not lower it")
-            raised = {name: getattr(phase, name) for name in ("rope_theta", "max_position_embeddings")
-                      if getattr(phase, name) is not None}
+            raised = {name: getattr(phase, name) for name in PHASE_MODEL_FIELDS if getattr(phase, name) is not None}
+            for name, value in raised.items():
+                if value < getattr(current, name):
+                    raise ValueError(f"phases[{index}].{name} {value} is below the {getattr(current, name)} in force "
+                                     f"before it (model.{name} or an earlier phase's): a phase may raise it, not "
+                                     f"lower it")
             current = replace(current, **raised)
             models.append(current)
         return models

@@ -1,6 +1,7 @@
 """`pretrain(config)`: the whole run — phases, CPT initialisation, exact resume, checkpoints, logging, guards."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -82,10 +83,17 @@ def check_data_fits_model(cfg: TrainConfig, manifest: Manifest, phase: int = 0, 
         raise ValueError(f"an MLM phase needs a mask token, but the data's tokenizer {tok.get('name')!r} has none")
     tokenizer = data.tokenizer or cfg.data.tokenizer
     if tokenizer is not None:
-        from mlmclm.data.tokenizer import check_same_tokenizer, load_tokenizer, tokenizer_identity
+        from mlmclm.data.tokenizer import check_same_tokenizer
 
-        expected = tokenizer_identity(load_tokenizer(resolve_tokenizer_path(tokenizer)))
-        check_same_tokenizer(tok, expected, where=manifest.location)
+        check_same_tokenizer(tok, _tokenizer_identity(tokenizer), where=manifest.location)
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_identity(name: str) -> dict:
+    """The identity of the tokenizer a config names, loaded once per process (each phase's data checks it)."""
+    from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
+
+    return tokenizer_identity(load_tokenizer(resolve_tokenizer_path(name)))
 
 
 def _flops_per_step(cfg: TrainConfig, seq_length: int, objective, lengths=None) -> float:

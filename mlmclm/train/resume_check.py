@@ -16,6 +16,7 @@ import re
 
 from mlmclm.data.manifest import Manifest
 from mlmclm.model.config import ModelConfig
+from mlmclm.train.config import PHASE_MODEL_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict,
 def check_rope_in_force(saved_state: dict, model: ModelConfig, where: str) -> None:
     """The RoPE θ and context the checkpoint was trained with are what this config has in force at its step
     (`model`: this config's phase model there); checkpoints from before per-phase θ record none."""
-    for name in ("rope_theta", "max_position_embeddings"):
+    for name in PHASE_MODEL_FIELDS:
         saved = saved_state.get(name)
         if saved is not None and saved != getattr(model, name):
             raise IncompatibleCheckpointError(
