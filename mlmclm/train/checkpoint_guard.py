@@ -11,8 +11,8 @@ import and call anything, so each of these would run a hostile checkpoint's code
   (`METADATA_GLOBALS`). A pickle runs code only through a global it imports, so a hostile one is refused at its first
   other import, before any of its code has run; the error names the file and the import.
 - byte items are read with torch's weights-only unpickler (its own allow-list: containers, numbers, strings, tensors).
-`safe_extra_state` decodes a TE extra state the same way and hands TE a re-serialised copy of what it decoded, so
-TE's own `pickle.loads` only ever sees bytes we wrote. TE >= 2.18 refuses any delayed-scaling payload in
+`safe_extra_state` decodes a TE extra state the same way — a tensor of any dtype, as TE and megatron read any — and
+hands TE a re-serialised copy of what it decoded, so TE's own `pickle.loads` only ever sees bytes we wrote. TE >= 2.18 refuses any delayed-scaling payload in
 `set_extra_state` unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (`transformer_engine/pytorch/_extra_state.py`), so
 `load_vetted_state` sets that variable for the one `load_state_dict` call that hands TE those copies — only when
 every non-empty extra state in it is one `safe_extra_state` produced, and restored right after.
@@ -168,14 +168,21 @@ def read_metadata_file(path: str | Path):
 def safe_extra_state(value, source: str):
     """A TE `_extra_state` value that TE's own loader can unpickle without running stored code.
 
-    Byte tensors (TE ≥ 1.x) are decoded with the allow-list and re-pickled from what was decoded; BytesIO (older TE)
-    is read and re-saved with torch's weights-only loader. A byte payload that does not decode is refused, not passed
-    on: TE would `pickle.loads` it unvetted, and its reader need not fail where ours did (a storage ours could not
-    read weights-only is one TE's `torch.load` reads in full). The one exception: an allow-listed class that cannot
-    be imported here, where any reader fails at the same import; the payload goes on as it is.
+    TE's `set_extra_state` (2.x) and megatron's `_decode_extra_state` unpickle `state.numpy().tobytes()` of a tensor
+    of *any* dtype, so every non-empty tensor is vetted whatever its dtype: its bytes, read as they do, are decoded
+    with the allow-list and re-pickled from what was decoded into the uint8 tensor TE writes. BytesIO (older TE) is
+    read and re-saved with torch's weights-only loader. A payload that does not decode is refused, not passed on: TE
+    would `pickle.loads` it unvetted, and its reader need not fail where ours did (a storage ours could not read
+    weights-only is one TE's `torch.load` reads in full). Any other type is refused (TE and megatron know none). The
+    one exception: an allow-listed class that cannot be imported here, where any reader fails at the same import;
+    the payload goes on as it is.
     """
-    if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.numel() > 0:
-        data = value.detach().cpu().numpy().tobytes()
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 0:
+            return value  # megatron's local layers and TE without FP8: nothing is unpickled
+        data = _bytes_as_te_reads_them(value, source)
         try:
             decoded = _AllowListUnpickler(data, source, _EXTRA_STATE_GLOBALS | _STORAGE_FROM_BYTES).load()
         except UnsafeCheckpointError:
@@ -196,7 +203,18 @@ def safe_extra_state(value, source: str):
         torch.save(decoded, fresh)
         fresh.seek(0)
         return _vetted(fresh)
-    return value
+    raise UnsafeCheckpointError(f"{source}: refused: a Transformer Engine extra state is a byte tensor or a BytesIO; "
+                                f"this one is {type(value).__name__}, which no TE or megatron version writes")
+
+
+def _bytes_as_te_reads_them(value: torch.Tensor, source: str) -> bytes:
+    """`value.detach().cpu().numpy().tobytes()`, TE's and megatron's reading; a dtype numpy cannot hold (bf16, FP8)
+    makes their reader fail before any unpickling, and is refused here with that reason."""
+    try:
+        return value.detach().cpu().numpy().tobytes()
+    except (TypeError, RuntimeError) as err:
+        raise UnsafeCheckpointError(f"{source}: refused: this Transformer Engine extra state is a {value.dtype} "
+                                    f"tensor, which TE's reader cannot turn into bytes ({err})") from None
 
 
 # The extra states `safe_extra_state` wrote (by identity, held until `load_vetted_state` hands them over).

@@ -192,3 +192,49 @@ def test_te_2_18s_opt_in_is_opened_only_for_vetted_extra_state(tmp_path):
             safe_extra_state(_te_extra_state({"recipe": None, "scale_fwd": CreatesFile(marker)}), "ckpt: x")
         assert not marker.exists()
     assert not any(name.startswith("transformer_engine") for name in __import__("sys").modules)
+
+
+# Every dtype whose tensor TE's and megatron's readers turn into bytes (`numpy().tobytes()`) before unpickling.
+_NUMPY_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+                 torch.uint64, torch.float16, torch.float32, torch.float64, torch.bool, torch.complex64,
+                 torch.complex128]
+
+
+def _stored_as(payload: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """`payload` padded to the dtype's item size (pickle ignores what follows its STOP) and viewed as `dtype`: how a
+    planted extra state slips past a guard that vets only uint8."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    padded = payload + b"\0" * (-len(payload) % size)
+    return torch.frombuffer(bytearray(padded), dtype=torch.uint8).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", _NUMPY_DTYPES, ids=str)
+def test_te_extra_state_of_every_dtype_is_vetted(dtype, tmp_path):
+    """TE 2.2-2.17's `set_extra_state` and megatron's `_decode_extra_state` unpickle a tensor of any dtype; a payload
+    stored as int32 (or any other dtype numpy holds) is vetted like a byte tensor: hostile refused, the marker never
+    appears, TE's real metadata handed over as the uint8 copy TE writes."""
+    marker = tmp_path / "payload_ran"
+    hostile = _stored_as(pickle.dumps({"scale_fwd": CreatesFile(marker)}), dtype)
+    assert pickle.loads(hostile.numpy().tobytes())["scale_fwd"] == 0  # as TE reads it: the payload does run
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(UnsafeCheckpointError, match=r"ckpt: layer\._extra_state: refused.*posix\.system"):
+        safe_extra_state(hostile, "ckpt: layer._extra_state")
+    assert not marker.exists()
+
+    fp8_meta = {"scale_fwd": torch.ones(3), "extra_fp8_variables": {"num_gemms": 1}}
+    safe = safe_extra_state(_stored_as(pickle.dumps(fp8_meta), dtype), "ckpt: x")
+    assert safe.dtype == torch.uint8
+    decoded = pickle.loads(safe.numpy().tobytes())
+    assert torch.equal(decoded["scale_fwd"], fp8_meta["scale_fwd"]) and decoded["extra_fp8_variables"] == {"num_gemms": 1}
+
+
+def test_te_extra_state_of_another_kind_is_refused(tmp_path):
+    """A dtype numpy cannot hold (TE's reader fails on it) and a type no TE writes are refused, naming the value."""
+    as_bf16 = _stored_as(pickle.dumps({"x": 1}), torch.bfloat16)
+    with pytest.raises(UnsafeCheckpointError, match=r"ckpt: x: refused: .*torch\.bfloat16 tensor"):
+        safe_extra_state(as_bf16, "ckpt: x")
+    for other in (pickle.dumps({"x": 1}), {"scale_fwd": torch.ones(1)}, [torch.ones(1)]):
+        with pytest.raises(UnsafeCheckpointError, match=r"ckpt: x: refused: .*byte tensor or a BytesIO"):
+            safe_extra_state(other, "ckpt: x")
+    assert safe_extra_state(torch.empty(0, dtype=torch.int32), "x").numel() == 0
