@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.api import CheckpointException
 
+from mlmclm.bounded_read import FileRefusedError, read_regular_json, read_regular_text
 from mlmclm.model.weights import unwrap
 from mlmclm.parallel import current_device
 from mlmclm.train import checkpoint_guard
@@ -60,7 +61,10 @@ def latest_checkpoint(root: Path) -> Path | None:
     pointer = Path(root) / LATEST_FILE
     if not pointer.exists():
         return None
-    text = pointer.read_text().strip()
+    try:
+        text = read_regular_text(pointer, limit=64, what="checkpoint pointer").strip()
+    except (FileRefusedError, UnicodeDecodeError) as err:
+        raise CheckpointError(str(err) if isinstance(err, FileRefusedError) else f"{pointer}: not text: {err}") from None
     if not text.isdigit():
         raise CheckpointError(f"{pointer} does not hold an iteration number: {text!r}")
     path = iteration_dir(root, int(text))
@@ -89,7 +93,15 @@ def read_json(path: Path, name: str) -> dict:
     file = Path(path) / name
     if not file.exists():
         raise CheckpointError(f"{file} is missing")
-    return json.loads(file.read_text())
+    try:  # a checkpoint may be someone else's (init_from, a branch source): a FIFO or /dev/zero is refused, not read
+        value = read_regular_json(file, what="checkpoint file")
+    except FileRefusedError as err:
+        raise CheckpointError(str(err)) from None
+    except ValueError as err:
+        raise CheckpointError(f"{file}: not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, found {type(value).__name__}")
+    return value
 
 
 def model_sharded_state_dict(ddp_chunks) -> dict:
@@ -228,7 +240,7 @@ def _prune(root: Path, keep_last: int, protect: Path) -> None:
     for path in sorted(root.glob("iter_*")):
         if path == protect or not is_complete(path):
             continue
-        if not json.loads((path / TRAIN_STATE).read_text()).get("keep"):
+        if not read_json(path, TRAIN_STATE).get("keep"):
             periodic.append(path)
     for path in periodic[: max(0, len(periodic) - (keep_last - 1))]:
         shutil.rmtree(path, ignore_errors=True)

@@ -35,6 +35,8 @@ from torch.distributed.checkpoint import filesystem as dcp_filesystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
+from mlmclm.bounded_read import FileRefusedError, SMALL_FILE_LIMIT, check_regular_file, read_limited, read_regular_file
+
 # Every global the `.metadata` of a torch_dist checkpoint legitimately imports (torch 2.x DCP, megatron-core 0.19),
 # besides torch's dtypes. Found by recording `find_class` while reading our checkpoints at every layout.
 METADATA_GLOBALS = frozenset({
@@ -162,7 +164,56 @@ def read_metadata_bytes(data: bytes, source: str):
 def read_metadata_file(path: str | Path):
     """The DCP `Metadata` of the checkpoint directory `path`, unpickled with the allow-list."""
     file = Path(path) / ".metadata"
-    return read_metadata_bytes(file.read_bytes(), str(file))
+    return read_metadata_bytes(_read_bounded(file, METADATA_LIMIT, "checkpoint index"), str(file))
+
+
+# DCP's index grows with the number of tensors (a few MB for a 1B model with its optimizer); a byte item is a small
+# pickled state (the common state, an RNG state). Far more than ours ever hold, far less than exhausts a node.
+METADATA_LIMIT = 256 * 1024 * 1024
+BYTE_ITEM_LIMIT = 64 * 1024 * 1024
+
+
+def _read_bounded(file: Path, limit: int, what: str) -> bytes:
+    try:
+        return read_regular_file(file, limit, what)
+    except FileRefusedError as err:
+        raise UnsafeCheckpointError(str(err)) from None
+
+
+def refuse_special_files(path: str | Path) -> None:
+    """Every file of the checkpoint directory is a regular file: a FIFO would block the rank that opens it (on a
+    cluster until the NCCL timeout), a device such as /dev/zero never ends; and the small JSON files megatron and we
+    read whole hold at most SMALL_FILE_LIMIT bytes."""
+    for folder, _, names in os.walk(path):
+        for name in names:
+            file = Path(folder) / name
+            try:
+                info = check_regular_file(file, "checkpoint file")
+            except FileRefusedError as err:
+                raise UnsafeCheckpointError(str(err)) from None
+            if name.endswith(".json") and info.st_size > SMALL_FILE_LIMIT:
+                raise UnsafeCheckpointError(f"{file}: refused: {info.st_size} bytes, more than the {SMALL_FILE_LIMIT} "
+                                            "a checkpoint's JSON file may hold")
+
+
+def check_storage_ranges(path: str | Path, metadata) -> None:
+    """Each stored range lies inside its file, and a byte item (read whole into memory) is small."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    byte_keys = {key for key, md in metadata.state_dict_metadata.items() if isinstance(md, BytesStorageMetadata)}
+    sizes: dict[str, int] = {}
+    for index, info in (metadata.storage_data or {}).items():
+        file = Path(path) / info.relative_path
+        if info.relative_path not in sizes:
+            sizes[info.relative_path] = file.stat().st_size if file.is_file() else -1
+        size = sizes[info.relative_path]
+        if size < 0 or info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+            raise UnsafeCheckpointError(f"{path}/.metadata: refused: {index.fqn!r} is stored at bytes "
+                                        f"{info.offset}..{info.offset + info.length} of {info.relative_path}, which "
+                                        f"{'is missing' if size < 0 else f'holds {size}'}")
+        if index.fqn in byte_keys and info.length > BYTE_ITEM_LIMIT:
+            raise UnsafeCheckpointError(f"{file}: byte item {index.fqn!r}: refused: {info.length} bytes, more than "
+                                        f"the {BYTE_ITEM_LIMIT} a byte item may hold")
 
 
 def safe_extra_state(value, source: str):
@@ -266,10 +317,17 @@ def load_vetted_state(module: torch.nn.Module, state: dict):
 _current_reader: contextvars.ContextVar = contextvars.ContextVar("mlmclm_dcp_reader", default=None)
 
 
+def _limited(stream, source: str) -> bytes:
+    try:
+        return read_limited(stream, METADATA_LIMIT, source, "checkpoint index")
+    except FileRefusedError as err:
+        raise UnsafeCheckpointError(str(err)) from None
+
+
 def _guarded_read_metadata(self, *args, **kwargs):
     path = self._get_metadata_path(kwargs.get("rank"))
     with self.fs.create_stream(path, "rb") as stream:
-        metadata = read_metadata_bytes(stream.read(), str(path))
+        metadata = read_metadata_bytes(_limited(stream, str(path)), str(path))
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = dcp_filesystem.StorageMeta()
     metadata.storage_meta.load_id = self.load_id
@@ -342,11 +400,14 @@ def check_byte_items(path: str | Path, metadata) -> None:
 
 
 def check_checkpoint(path: str | Path):
-    """Refuse a checkpoint directory whose `.metadata`, byte items or a legacy `common.pt` could run code; return its
+    """Refuse a checkpoint directory whose `.metadata`, byte items or a legacy `common.pt` could run code, or whose
+    files could block or exhaust a rank (FIFOs, devices, ranges past a file's end, huge byte items); return its
     DCP metadata. Called before megatron's loader so that a refusal is this error, not one wrapped by DCP's
     collectives (the guarded readers still stand behind it)."""
     refuse_legacy_common_file(path)
+    refuse_special_files(path)
     metadata = read_metadata_file(path)
+    check_storage_ranges(path, metadata)
     check_byte_items(path, metadata)
     return metadata
 

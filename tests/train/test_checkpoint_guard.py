@@ -238,3 +238,44 @@ def test_te_extra_state_of_another_kind_is_refused(tmp_path):
         with pytest.raises(UnsafeCheckpointError, match=r"ckpt: x: refused: .*byte tensor or a BytesIO"):
             safe_extra_state(other, "ckpt: x")
     assert safe_extra_state(torch.empty(0, dtype=torch.int32), "x").numel() == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_foreign_checkpoint_cannot_block_or_exhaust_a_rank(trained, tmp_path, capsys):
+    """A FIFO or /dev/zero in place of a checkpoint's pointer, JSON files or data, a stored range past its file's end:
+    each refused naming the file before anything blocks or grows (the old code blocked on the FIFO, read /dev/zero
+    until MemoryError)."""
+    import os
+
+    from mlmclm.train.checkpoint import CheckpointError, resolve_checkpoint
+
+    def copy(name: str) -> Path:
+        return copy_checkpoint(trained[1], tmp_path / name)
+
+    pointer_run = copy("fifo_pointer").parent
+    (pointer_run / "latest_checkpointed_iteration.txt").unlink()
+    os.mkfifo(pointer_run / "latest_checkpointed_iteration.txt")
+    with pytest.raises(CheckpointError, match=r"latest_checkpointed_iteration\.txt: refusing .* a FIFO"):
+        resolve_checkpoint(pointer_run)
+
+    for name in ("run_config.json", "train_state.json", "metadata.json"):
+        iteration = copy(f"zero_{name}")
+        (iteration / name).unlink()
+        (iteration / name).symlink_to("/dev/zero")
+        assert tool_main("convert_to_hf")([str(iteration), str(tmp_path / f"hf_{name}")]) == 2
+        assert re.search(rf"{re.escape(name)}: refusing .* a character device", capsys.readouterr().err)
+
+    iteration = copy("fifo_data")
+    data_file = next(iteration.glob("*.distcp"))
+    data_file.unlink()
+    os.mkfifo(data_file)
+    with pytest.raises(UnsafeCheckpointError, match=rf"{data_file.name}: refusing .* a FIFO"):
+        checkpoint_guard.check_checkpoint(iteration)
+
+    iteration = copy("past_the_end")
+    metadata = checkpoint_guard.read_metadata_file(iteration)
+    index, info = next(iter(metadata.storage_data.items()))
+    metadata.storage_data[index] = type(info)(info.relative_path, info.offset, 1 << 40, info.transform_descriptors)
+    (iteration / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UnsafeCheckpointError, match=r"\.metadata: refused: .* is stored at bytes .* which holds"):
+        checkpoint_guard.check_checkpoint(iteration)
