@@ -120,13 +120,50 @@ def _child(node, part: str, key: str):
     return node[part]
 
 
+# A config a person writes is a few kB and a few hundred values. YAML's aliases let 500 bytes stand for billions of
+# values (each alias repeats a subtree, nested 9 deep: the "billion laughs"): `yaml.safe_load` shares the subtrees,
+# but the overrides' JSON copy and `to_dict` expand them. Refused past these bounds, before anything expands them.
+CONFIG_FILE_LIMIT = 4 * 1024 * 1024
+CONFIG_VALUE_LIMIT = 100_000
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be taken: too large, a cycle, or more values than any config holds."""
+
+
 def load_file(path: str | Path) -> dict:
+    from mlmclm.bounded_read import FileRefusedError, read_regular_text
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
-    text = path.read_text()
+    try:
+        text = read_regular_text(path, CONFIG_FILE_LIMIT, "config file")
+    except FileRefusedError as err:
+        raise ConfigFileError(str(err)) from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        return yaml.safe_load(text) or {}
+        data = yaml.safe_load(text) or {}
+        check_expanded_size(data, str(path))
+        return data
     return json.loads(text)
+
+
+def check_expanded_size(data: Any, source: str, limit: int = CONFIG_VALUE_LIMIT) -> None:
+    """Refuse `data` if, with every shared (aliased) subtree counted each time it appears, it holds more than `limit`
+    values, or if it contains itself (a recursive alias). Stops counting at the limit: cheap on any input."""
+    count = 0
+    stack = [(data, ())]
+    while stack:
+        node, ancestors = stack.pop()
+        count += 1
+        if count > limit:
+            raise ConfigFileError(f"{source}: refused: it expands to more than {limit} values (YAML aliases repeat "
+                                  "their subtree each time they appear); no config needs that many")
+        if isinstance(node, (dict, list)):
+            if id(node) in ancestors:
+                raise ConfigFileError(f"{source}: refused: a YAML alias refers to a value that contains it (a cycle)")
+            children = node.values() if isinstance(node, dict) else node
+            inner = ancestors + (id(node),)
+            stack.extend((child, inner) for child in children)

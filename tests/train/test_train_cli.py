@@ -48,3 +48,46 @@ def test_invalid_config_exits_2_naming_the_problem(tmp_path):
     assert proc.returncode == 2
     assert "optimizer" in proc.stderr and "lr" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _alias_bomb(depth: int = 9) -> str:
+    """A YAML config of ~500 bytes whose aliases, nested `depth` deep, stand for 10**depth strings."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, depth)]
+    return "\n".join(lines + [f"model: {{note: *a{depth - 1}}}"]) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """yaml.safe_load shares aliased subtrees, but the overrides' JSON copy expands them: the old code grew to
+    MemoryError (28 s here, 524 bytes of config). Now refused before anything expands, exit 2, naming the file."""
+    config = tmp_path / "bomb.yaml"
+    config.write_text(_alias_bomb())
+    assert len(config.read_bytes()) < 1024
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{config}: refused: it expands to more than 100000 values" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_recursive_yaml_alias_and_a_fifo_config_are_refused(tmp_path):
+    import os
+
+    import pytest
+
+    from mlmclm.config_io import ConfigFileError, load_file
+
+    cyclic = tmp_path / "cycle.yaml"
+    cyclic.write_text("model: &m {inner: *m}\n")
+    with pytest.raises(ConfigFileError, match="cycle"):
+        load_file(cyclic)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigFileError, match="a FIFO"):
+        load_file(fifo)  # the old code blocked here, waiting for a writer
+    assert load_file(_write(tmp_path / "ok.yaml", "a: &x [1, 2]\nb: *x\n")) == {"a": [1, 2], "b": [1, 2]}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
