@@ -8,6 +8,9 @@ them.
 
     python -m mlmclm.demo_figures write   # after `make demo`: put the run's figures into README.md
     python -m mlmclm.demo_figures check   # fail (exit 1, with a diff) when README.md says other numbers
+
+The block ends with a comment naming the CPU the figures were measured on (`cpu_kernels.host()`): the check compares
+the paragraph only, and when it differs it names both hosts, so a figure that moves on another machine can be traced.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import sys
 from pathlib import Path
 
 BEGIN, END = "<!-- demo-figures:begin (python -m mlmclm.demo_figures write) -->", "<!-- demo-figures:end -->"
+HOST_PREFIX = "<!-- measured on: "
 LEVEL = 1.0  # smoke-score points (of 100) within which two models are called level: one seed resolves no less
 TASK_NAMES = {"smoke_speaker_names": ("speaker-name tagging", "entity F1"),
               "smoke_named_character": ('"which character is named?" QA', "F1")}
@@ -64,12 +68,27 @@ def render(f: dict) -> str:
         "points) can be called significant.")
 
 
-def replace_block(readme: str, paragraph: str) -> str:
+def _split(readme: str) -> tuple[str, str, str]:
     if readme.count(BEGIN) != 1 or readme.count(END) != 1:
         raise ValueError(f"README must hold the markers once each: {BEGIN} … {END}")
     head, rest = readme.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{paragraph}\n{END}{tail}"
+    block, tail = rest.split(END)
+    return head, block, tail
+
+
+def replace_block(readme: str, paragraph: str, host: str | None = None) -> str:
+    head, _, tail = _split(readme)
+    note = f"{HOST_PREFIX}{host} -->\n" if host else ""
+    return f"{head}{BEGIN}\n{paragraph}\n{note}{END}{tail}"
+
+
+def block_paragraph_and_host(readme: str) -> tuple[str, str]:
+    """The README block's paragraph and the host it names ('not recorded' for a block written before hosts were)."""
+    lines = _split(readme)[1].strip("\n").splitlines()
+    host = "not recorded"
+    if lines and lines[-1].startswith(HOST_PREFIX):
+        host = lines.pop().removeprefix(HOST_PREFIX).removesuffix(" -->")
+    return "\n".join(lines), host
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,22 +103,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     figures = json.loads(args.figures.read_text())
     readme = args.readme.read_text()
+    paragraph, run_host = render(figures), figures.get("host", "not recorded")
     try:
-        updated = replace_block(readme, render(figures))
+        written, readme_host = block_paragraph_and_host(readme)
     except ValueError as err:
         print(f"error: {args.readme}: {err}", file=sys.stderr)
         return 2
     if args.action == "write":
-        args.readme.write_text(updated)
+        args.readme.write_text(replace_block(readme, paragraph, run_host))
         print(f"wrote the demo's figures into {args.readme}")
         return 0
-    if updated != readme:
-        diff = difflib.unified_diff(readme.splitlines(), updated.splitlines(), str(args.readme), "from the demo run",
-                                    lineterm="")
+    if written != paragraph:
+        diff = difflib.unified_diff(written.splitlines(), paragraph.splitlines(), str(args.readme),
+                                    "from the demo run", lineterm="")
         print(f"error: {args.readme}'s demo figures are not what {args.figures} measured; rerun `make demo` and "
-              f"`python -m mlmclm.demo_figures write`:\n" + "\n".join(diff), file=sys.stderr)
+              f"`python -m mlmclm.demo_figures write`.\n  README's figures were measured on: {readme_host}\n"
+              f"  this run's host:                   {run_host}\n" + "\n".join(diff), file=sys.stderr)
         return 1
-    print(f"{args.readme}: the demo figures match {args.figures}")
+    print(f"{args.readme}: the demo figures match {args.figures} (README's from {readme_host}; this run on "
+          f"{run_host})")
     return 0
 
 

@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(console, "      " + f"{task + ' ' + metric[task]:<34}"
                       + "".join(f"{100 * scores[label].get(task, float('nan')):>14.1f}" for label in exports))
     figure = plot(run_dir, entropy, scores, out / "plots.png", fill_mask_losses)
-    figures.update(smoke_steps=smoke_steps, smoke_lr=SMOKE_LEARNING_RATES[0],
+    figures.update(smoke_steps=smoke_steps, smoke_lr=SMOKE_LEARNING_RATES[0], host=cpu_kernels.host(),
                    smoke={task: {label: scores[label][task] for label in exports} for task in sorted(metric)})
     (out / "figures.json").write_text(json.dumps(figures, indent=1, ensure_ascii=False))  # the README's numbers
     _say(console, f"      summary {summary}; plots {figure}")

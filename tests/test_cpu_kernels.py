@@ -1,4 +1,5 @@
-"""The demo's kernel pin: torch really runs its AVX2 kernels after `pin()`, and a user's own choice is kept."""
+"""The demo's kernel pin: torch really runs its AVX2 kernels and MKL its vendor-independent branch after `pin()`,
+and a user's own choice is kept."""
 import os
 import subprocess
 import sys
@@ -17,7 +18,26 @@ def _clean_env(**extra):
 
 def test_pin_makes_torch_use_avx2_kernels():
     out = subprocess.run([sys.executable, "-c", PROBE], env=_clean_env(), capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["AVX2", "AVX2", "AVX2"]
+    assert out.stdout.split() == ["AVX2", "COMPATIBLE", "AVX2"]
+
+
+def test_pin_makes_mkl_multiply_on_its_vendor_independent_branch():
+    # MKL says which branch ran each product; its AVX2 branch would be ignored on a non-Intel CPU (CI's figures moved)
+    probe = "from mlmclm import cpu_kernels; cpu_kernels.pin(); import torch; torch.ones(64, 64) @ torch.ones(64, 64)"
+    out = subprocess.run([sys.executable, "-c", probe], env=_clean_env(MKL_VERBOSE="1"), capture_output=True,
+                         text=True, check=True)
+    branches = {word for word in out.stdout.split() if word.startswith("CNR:")}
+    assert branches == {"CNR:COMPATIBLE"}, out.stdout[-2000:]
+
+
+def test_host_names_vendor_model_and_avx512(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\n"
+                    "vendor_id\t: AuthenticAMD\n")
+    assert cpu_kernels.host(info).startswith("AuthenticAMD, AMD EPYC 9R14 (family 25 model 17), ")
+    assert cpu_kernels.host(info).endswith("AVX-512 yes")
+    assert cpu_kernels.host(tmp_path / "absent") == "unknown"
 
 
 def test_pin_keeps_a_value_the_user_set():

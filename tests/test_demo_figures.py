@@ -51,3 +51,24 @@ def test_the_readme_has_one_generated_block():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert readme.count(BEGIN) == 1 and readme.count(END) == 1
+
+
+def test_the_block_names_its_host_and_a_failed_check_names_both(tmp_path, capsys):
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps({**FIGURES, "host": "GenuineIntel, Xeon (family 6 model 207), 2 CPUs"}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}\nold\n{END}\n")
+    args = ["--readme", str(readme), "--figures", str(figures)]
+    assert main(["write", *args]) == 0
+    assert f"{render(FIGURES)}\n<!-- measured on: GenuineIntel, Xeon (family 6 model 207), 2 CPUs -->\n{END}" \
+        in readme.read_text()
+    # the same figures from another host pass: the host note is not compared
+    figures.write_text(json.dumps({**FIGURES, "host": "AuthenticAMD, EPYC (family 25 model 17), 2 CPUs"}))
+    assert main(["check", *args]) == 0
+    # other figures fail, naming where each was measured
+    figures.write_text(json.dumps({**FIGURES, "train_loss": {"clm": 5.721, "mlm": 5.694},
+                                   "host": "AuthenticAMD, EPYC (family 25 model 17), 2 CPUs"}))
+    assert main(["check", *args]) == 1
+    err = capsys.readouterr().err
+    assert "README's figures were measured on: GenuineIntel, Xeon (family 6 model 207)" in err
+    assert "this run's host:                   AuthenticAMD, EPYC" in err and "MLM loss 5.694" in err
