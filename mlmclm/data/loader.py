@@ -6,8 +6,8 @@ The global sample stream depends only on (seed, data): epoch e visits the shards
 So the samples and their order are the same for any DP size, TP/PP layout or micro-batch size with the same
 global batch size G. `sample_ids` are stream positions (unique across epochs): MLM masking keys on them.
 
-Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts) on its
-first read, then kept decoded (tokens as stored, uint16 or int32; document ids int16/int32) in a cache bounded by
+Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts, every
+token id inside the manifest's vocabulary) on its first read, then kept decoded (tokens as stored, uint16 or int32; document ids int16/int32) in a cache bounded by
 `LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are always kept, others are dropped
 least recently used first; a dropped shard is read and validated again when next needed. With the whole dataset
 in the cache, later epochs read no files. The next shard of the epoch is prefetched on a thread. A micro-batch
@@ -75,6 +75,10 @@ class PackedLoader:
         if sum(s.num_samples for s in m.shards) != m.num_samples or m.num_samples == 0:
             raise ValueError(f"{m.location}: shard sample counts do not add up to num_samples={m.num_samples}")
         self._pad_id = m.tokenizer.get("pad_id")
+        self._vocab_size = m.tokenizer.get("vocab_size")   # every id handed out is checked against it
+        if isinstance(self._vocab_size, bool) or not isinstance(self._vocab_size, int) or self._vocab_size < 1:
+            raise ValueError(f"{m.location}: tokenizer.vocab_size {self._vocab_size!r} is not a positive integer: the "
+                             "token ids of its shards cannot be checked")
         self.epoch = 0
         self.consumed_samples = 0
         self._epoch_start = 0             # stream position where the current epoch began
@@ -113,7 +117,7 @@ class PackedLoader:
         info = self.manifest.shards[shard]
         seq_length = self.manifest.seq_length
         tokens, starts = read_shard_starts(self.manifest.shard_url(info.name), info, seq_length, self._pad_id,
-                                           self.manifest.dtype)
+                                           self.manifest.dtype, self._vocab_size)
         if tokens.base is not None:   # a view of the file's mapping or buffer: own the data while it is cached
             tokens = tokens.copy()
         # A row holds at most S documents: int16 is exact up to S = 32768 (a quarter of int64's memory).

@@ -81,15 +81,16 @@ def _open(url: str):
 
 
 def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
-               dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+               dtype: str | None = None, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a shard: tokens [n, S] (uint16 or int32, as stored; `dtype` checks it) and document ids [n, S] int64 (index of the document inside its
-    row; 0 for the document the row starts in). Validated against the manifest; raises ShardError naming it."""
-    tokens, starts = read_shard_starts(url, info, seq_length, pad_id, dtype)
+    row; 0 for the document the row starts in). Validated against the manifest (with `vocab_size`: every id in
+    [0, vocab_size)); raises ShardError naming it."""
+    tokens, starts = read_shard_starts(url, info, seq_length, pad_id, dtype, vocab_size)
     return tokens, document_ids(starts, *tokens.shape)
 
 
 def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
-                      dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      dtype: str | None = None, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Like `read_shard`, but returns the flat document starts (int64, as stored) instead of document ids, and
     tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way."""
     try:
@@ -109,9 +110,29 @@ def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | 
         real = tokens.size if pad_id is None else int(np.count_nonzero(tokens != pad_id))
         if real != info.num_tokens:
             problems.append(f"{real} tokens, manifest says {info.num_tokens}")
+        elif vocab_size is not None:
+            problems += token_range_problems(tokens, vocab_size)
     if problems:
         raise ShardError(f"shard {url}: " + "; ".join(problems))
     return tokens, starts
+
+
+def token_range_problems(tokens: np.ndarray, vocab_size: int) -> list[str]:
+    """[] when every id of `tokens` [n, S] lies in [0, vocab_size), else the first id outside it, with its place.
+
+    A consistent manifest (counts, checksum) says nothing about the ids themselves: an id past the vocabulary
+    passes every other check and fails only in the embedding (a device-side assert with TP 1, an id silently
+    masked with TP > 1), on every rank, whenever the shard comes up. One max (and a min for signed ids) per
+    shard read, at memory speed."""
+    if not tokens.size:
+        return []
+    low = int(tokens.min()) if np.issubdtype(tokens.dtype, np.signedinteger) else 0
+    high = int(tokens.max())
+    if low >= 0 and high < vocab_size:
+        return []
+    row, col = (int(i) for i in np.argwhere((tokens < 0) | (tokens >= vocab_size))[0])
+    return [f"token id {int(tokens[row, col])} (row {row}, column {col}) is outside the vocabulary [0, {vocab_size}) "
+            f"of the manifest's tokenizer"]
 
 
 def document_ids(starts: np.ndarray, rows: int, seq_length: int, dtype=np.int64) -> np.ndarray:
