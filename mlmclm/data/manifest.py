@@ -24,6 +24,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mlmclm.bounded_read import FileRefusedError, read_regular_file
+from mlmclm.data.remote import MANIFEST_LIMIT, read_stream
+
 MANIFEST_NAME = "manifest.json"
 FORMAT = "mlmclm-packed-v2"
 READABLE_FORMATS = ("mlmclm-packed-v1", FORMAT)
@@ -103,15 +106,12 @@ class Manifest:
     def load(cls, path_or_url: str | os.PathLike) -> "Manifest":
         """From a dataset directory, a manifest file, or a webdataset URL (`pipe:...`, `http(s)://...`)."""
         location = manifest_location(str(path_or_url))
-        try:
-            if is_url(location):
-                from webdataset.gopen import gopen
-
-                with gopen(location, "rb") as stream:
-                    text = stream.read().decode("utf-8")
-            else:
-                text = Path(location).read_text(encoding="utf-8")
-            data = json.loads(text)
+        try:  # bounded: a manifest from others may be /dev/zero, a FIFO or an endless response
+            raw = (read_stream(location, MANIFEST_LIMIT, "dataset manifest") if is_url(location)
+                   else read_regular_file(location, MANIFEST_LIMIT, "dataset manifest"))
+            data = json.loads(raw.decode("utf-8"))
+        except FileRefusedError as err:   # names the manifest and why
+            raise ValueError(str(err)) from None
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read dataset manifest {location}: {err}") from err
         if not isinstance(data, dict) or data.get("format") not in READABLE_FORMATS:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, check_relative_name
 from mlmclm.data.packing import Packer   # the packing a single run uses for its tails
 from mlmclm.data.shards import ShardError, read_shard_starts, token_checksum, write_shard
@@ -54,11 +56,22 @@ def write_tails(out: Path, tails: list[tuple[int, np.ndarray, np.ndarray]]) -> d
 def read_tails(part: Manifest) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """The tails a part saved, checked against its manifest (MergeError naming the part otherwise)."""
     path = Path(part.shard_url(part.tails["name"]))
+    # A regular file no larger than its manifest's counts allow (groups and lengths int64, tokens int32, at most
+    # one int64 start per token), and no member that unpacks to more (a compressed member could).
     try:
-        with np.load(path, allow_pickle=False) as data:
-            groups, lengths, tokens = data["groups"], data["lengths"], data["tokens"]
-            starts, start_counts = data["starts"], data["start_counts"]
-    except (OSError, ValueError, KeyError) as err:
+        limit = 24 * int(part.tails["groups"]) + 12 * int(part.tails["tokens"]) + (1 << 20)
+        with open_regular_file(path, limit, "tails file") as stream:
+            unpacked = sum(member.file_size for member in zipfile.ZipFile(stream).infolist())
+            if unpacked > limit:
+                raise FileRefusedError(f"{path}: refusing to read this tails file: its arrays unpack to "
+                                       f"{unpacked} bytes, more than the {limit} its manifest allows")
+            stream.seek(0)
+            with np.load(stream, allow_pickle=False) as data:
+                groups, lengths, tokens = data["groups"], data["lengths"], data["tokens"]
+                starts, start_counts = data["starts"], data["start_counts"]
+    except FileRefusedError as err:
+        raise MergeError(f"part {part.location}: {err}") from err
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
         raise MergeError(f"part {part.location}: cannot read {path}: {err}") from err
     if (len(groups) != part.tails["groups"] or int(lengths.sum()) != part.tails["tokens"]
             or len(tokens) != part.tails["tokens"] or token_checksum(tokens) != part.tails["checksum"]):
@@ -132,7 +145,7 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
         for info in m.shards:
             if verify:
                 try:
-                    read_shard_starts(m.shard_url(info.name), info, S, pad_id, m.dtype)
+                    read_shard_starts(m.shard_url(info.name), info, S, pad_id, m.dtype, m.tokenizer.get("vocab_size"))
                 except ShardError as err:
                     raise MergeError(f"part {part_dir}: {err}") from err
             name = os.path.relpath(part_dir / info.name, out)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import ShardInfo, is_url
+from mlmclm.data.remote import read_stream, shard_limit
 
 TOKENS, DOC_STARTS = "tokens.npy", "doc_starts.npy"
 
@@ -72,14 +74,6 @@ def _as_dtype(tokens: np.ndarray, dtype: str) -> np.ndarray:
     return tokens.astype(target)
 
 
-def _open(url: str):
-    if is_url(url):
-        from webdataset.gopen import gopen
-
-        return gopen(url, "rb")
-    return open(url, "rb")
-
-
 def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
                dtype: str | None = None, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a shard: tokens [n, S] (uint16 or int32, as stored; `dtype` checks it) and document ids [n, S] int64 (index of the document inside its
@@ -94,9 +88,12 @@ def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | 
     """Like `read_shard`, but returns the flat document starts (int64, as stored) instead of document ids, and
     tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way."""
     try:
-        tokens, starts = _read_blocks(url, seq_length)
+        limit = shard_limit(info.num_samples, seq_length, np.dtype(TOKEN_DTYPES.get(dtype, np.int32)).itemsize)
+        tokens, starts = _read_blocks(url, seq_length, limit)
     except ShardError:
         raise
+    except FileRefusedError as err:   # a FIFO, a device, more bytes than the manifest allows: its message names it
+        raise ShardError(str(err)) from err
     except (OSError, EOFError, tarfile.TarError, ValueError, KeyError) as err:
         raise ShardError(f"shard {url}: unreadable or truncated ({type(err).__name__}: {err})") from err
     problems = []
@@ -158,14 +155,14 @@ def _npy_view(data: bytes, offset: int, size: int, what: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, count=count, offset=offset + head.tell()).reshape(shape)
 
 
-def _read_blocks(url: str, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read the whole shard into memory once, then take its arrays as views of that buffer."""
+def _read_blocks(url: str, seq_length: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read the whole shard into memory once, then take its arrays as views of that buffer. At most `limit` bytes
+    (what its manifest entry says it holds, plus headers): a larger shard, a FIFO or a device is refused."""
     if is_url(url):
-        with _open(url) as stream:
-            data = stream.read()
+        data = read_stream(url, limit, "shard")
         index = io.BytesIO(data)  # shares `data`, no copy
     else:  # map local files: the arrays are then views of the page cache, not copies
-        index = open(url, "rb")
+        index = open_regular_file(url, limit, "shard")
         size = os.fstat(index.fileno()).st_size
         data = mmap.mmap(index.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     with index:

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator
 
+from mlmclm.bounded_read import read_regular_json
+
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
@@ -174,7 +176,10 @@ def chosen_split(name: str, split: str | None) -> str:
         return split
     listing = Path(name) / "dataset_dict.json"
     if listing.exists():
-        splits = json.loads(listing.read_text()).get("splits") or []
+        try:
+            splits = read_regular_json(listing, what="dataset listing").get("splits") or []
+        except (ValueError, AttributeError) as err:
+            raise PrepareError(f"{listing}: not a dataset listing: {err}") from err
         if len(splits) == 1:
             return splits[0]
         raise PrepareError(f"dataset {name!r} holds the splits {sorted(splits)}: choose one with --split")

@@ -114,15 +114,15 @@ def _copy(dataset, tmp_path):
 
 
 def test_a_shard_the_os_cannot_read_is_named_with_the_oss_words(dataset, tmp_path):
-    """An I/O error while loading (here a missing file, then a directory where the shard should be) names the shard
-    and carries the OS's own message, as a failed save does (issue 35)."""
+    """An I/O error while loading (here a missing file) names the shard and carries the OS's own message, as a failed
+    save does (issue 35); a directory where the shard should be is refused naming what it is (issue 44)."""
     out, m = _copy(dataset, tmp_path)
     path = out / m.shards[PackedLoader(LoaderConfig(str(out), 16, 16))._order(0)[0][0]].name
     path.unlink()
     with pytest.raises(ShardError, match=rf"{path.name}: unreadable.*No such file or directory"):
         PackedLoader(LoaderConfig(str(out), 16, 16)).next_global_batch()
     path.mkdir()
-    with pytest.raises(ShardError, match=rf"{path.name}: unreadable.*Is a directory"):
+    with pytest.raises(ShardError, match=rf"{path.name}: refusing to read this shard: it is a directory"):
         PackedLoader(LoaderConfig(str(out), 16, 16)).next_global_batch()
 
 
