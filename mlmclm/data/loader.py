@@ -28,7 +28,7 @@ import torch
 
 from mlmclm.data.manifest import Manifest
 from mlmclm.data.shards import ShardError, document_ids, read_shard_starts
-from mlmclm.data.tokenizer import check_same_tokenizer
+from mlmclm.data.tokenizer import check_same_tokenizer, check_token_ids
 
 log = logging.getLogger(__name__)
 STATE_FORMAT = 1
@@ -75,10 +75,8 @@ class PackedLoader:
         if sum(s.num_samples for s in m.shards) != m.num_samples or m.num_samples == 0:
             raise ValueError(f"{m.location}: shard sample counts do not add up to num_samples={m.num_samples}")
         self._pad_id = m.tokenizer.get("pad_id")
-        self._vocab_size = m.tokenizer.get("vocab_size")   # every id handed out is checked against it
-        if isinstance(self._vocab_size, bool) or not isinstance(self._vocab_size, int) or self._vocab_size < 1:
-            raise ValueError(f"{m.location}: tokenizer.vocab_size {self._vocab_size!r} is not a positive integer: the "
-                             "token ids of its shards cannot be checked")
+        check_token_ids(m.tokenizer, m.location)   # at start: vocab_size and every special id inside it
+        self._vocab_size = m.tokenizer["vocab_size"]   # every id handed out is checked against it
         self.epoch = 0
         self.consumed_samples = 0
         self._epoch_start = 0             # stream position where the current epoch began

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = pretrain(cfg)
-    except (CheckpointError, UnsafeCheckpointError) as err:
+    except (CheckpointError, UnsafeCheckpointError, ValueError) as err:  # bad input: data, checkpoints, settings
         print(f"error: {err}", file=sys.stderr)
         return 2
     import os

@@ -91,3 +91,28 @@ def test_a_recursive_yaml_alias_and_a_fifo_config_are_refused(tmp_path):
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
+    """A manifest whose mask_id lies outside its vocabulary, validation off and no tokenizer named: the old run
+    trained its CLM phase (and saved) and failed only when the MLM phase began. Now refused before step 1, exit 2,
+    one line naming the manifest and the field; nothing written in the run directory. The other special ids too."""
+    data = tmp_path / "data"
+    sc.make_data(data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    vocab = manifest["tokenizer"]["vocab_size"]
+    for role, value in (("mask_id", vocab + 5), ("pad_id", -1), ("bos_id", vocab)):
+        bad = dict(manifest, tokenizer=dict(manifest["tokenizer"], **{role: value}))
+        (data / "manifest.json").write_text(json.dumps(bad))
+        cfg = sc.config(tmp_path / "run", data, tp=1)
+        cfg["data"].pop("tokenizer")
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps(cfg))
+        proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config)], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert (f"error: {data / 'manifest.json'}: tokenizer.{role} {value} is outside the vocabulary [0, {vocab})"
+                in proc.stderr), proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()
