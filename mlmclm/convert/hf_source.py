@@ -102,7 +102,7 @@ def load_source(directory: Path, make_vocab_divisible_by: int = 128) -> tuple[So
     if not (directory / "config.json").exists():
         raise SourceError(f"{directory}: no config.json (not a Hugging Face model directory)")
     try:
-        hf_config = AutoConfig.from_pretrained(str(directory))  # never trust_remote_code
+        hf_config = AutoConfig.from_pretrained(str(directory), trust_remote_code=False)
     except Exception as err:
         raise SourceError(f"{directory}/config.json cannot be read by transformers without remote code: "
                           f"{type(err).__name__}: {err}") from err

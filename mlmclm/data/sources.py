@@ -200,7 +200,8 @@ def _load_hf(name: str, config: str | None, split: str | None, streaming: bool):
                 dataset = dataset[split]
             return (dataset.to_iterable_dataset() if streaming else dataset), split
         split = split or "train"
-        return datasets.load_dataset(name, config, split=split, streaming=streaming), split
+        return datasets.load_dataset(name, config, split=split, streaming=streaming,
+                                     trust_remote_code=False), split
     except PrepareError:
         raise
     except Exception as err:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)

@@ -99,10 +99,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         name_or_path = embedded_tokenizer_dir()
     if not Path(name_or_path).exists():
         try:
-            return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True, trust_remote_code=False)
         except OSError:  # not cached: only the hub has it
             _check_hub_reachable(str(name_or_path))
-    return AutoTokenizer.from_pretrained(str(name_or_path))
+    return AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
 
 
 def _check_hub_reachable(name: str, timeout: float = 5.0) -> None:

@@ -231,7 +231,7 @@ def _source_splits(spec: TaskSpec) -> dict[str, str]:
 def _read_hf_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     import datasets  # network access; never exercised in tests
 
-    loaded = datasets.load_dataset(spec.hf_name, spec.hf_config)
+    loaded = datasets.load_dataset(spec.hf_name, spec.hf_config, trust_remote_code=False)
     out = {}
     for split, source in _source_splits(spec).items():
         if source not in loaded:
