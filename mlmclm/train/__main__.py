@@ -28,10 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from mlmclm.train.checkpoint import CheckpointError
     from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
+    from mlmclm.train.run_lock import RunLockedError
 
     try:
         result = pretrain(cfg)
-    except (CheckpointError, UnsafeCheckpointError, ValueError) as err:  # bad input: data, checkpoints, settings
+    except (CheckpointError, UnsafeCheckpointError, RunLockedError, ValueError) as err:  # bad input, a busy folder
         print(f"error: {err}", file=sys.stderr)
         return 2
     import os

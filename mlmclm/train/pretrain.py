@@ -25,7 +25,7 @@ from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_rope_in_force, check_same_shape
-from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
+from mlmclm.train.run_lock import RunLock, RunLockedError, check_run_dir_is_ours, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
 from mlmclm.train.validation import Validator, validation_path
@@ -173,6 +173,7 @@ def _take_run_lock(cfg: TrainConfig, rank0: bool) -> RunLock | None:
     lock, error = None, None
     if rank0:
         try:
+            check_run_dir_is_ours(cfg.run_dir, cfg.checkpoint.allow_foreign_run_dir)
             lock = RunLock(cfg.checkpoint_dir)
             for name in remove_staging_leftovers(cfg.checkpoint_dir):
                 log.info("removed %s, left by a save that did not finish", name)

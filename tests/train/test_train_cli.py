@@ -116,3 +116,30 @@ def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
         assert "Traceback" not in proc.stderr
         assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
         assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_non_empty_folder_that_holds_no_run_of_ours_is_refused(tmp_path):
+    """run_dir pointing at someone else's folder (here one with its own metrics.jsonl): the old code trained there,
+    wrote checkpoints among its files and rewrote its metrics.jsonl. Now exit 2 naming the folder and the field that
+    allows it, nothing written; with checkpoint.allow_foreign_run_dir=true it trains there."""
+    data = sc.make_data(tmp_path / "data")
+    foreign = tmp_path / "someone"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine\n")
+    (foreign / "metrics.jsonl").write_text('{"step": 99, "theirs": true}\n')
+    before = {p.name: p.read_bytes() for p in foreign.iterdir()}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(sc.config(foreign, data, tp=1)))
+    short = ["total_steps=3", "phases.0.steps=1", "phases.1.steps=2", "schedule.style=constant"]
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (f"error: run_dir {foreign} is not empty (metrics.jsonl, notes.txt) and holds no run of ours"
+            in proc.stderr and "checkpoint.allow_foreign_run_dir=true" in proc.stderr), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in foreign.iterdir()} == before
+    allowed = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short,
+                              "checkpoint.allow_foreign_run_dir=true"], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=300)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert (foreign / "notes.txt").read_text() == "mine\n" and (foreign / "checkpoints").is_dir()
