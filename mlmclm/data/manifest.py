@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.bounded_read import FileRefusedError, read_regular_file
 from mlmclm.data.remote import MANIFEST_LIMIT, read_stream
 
@@ -95,11 +95,7 @@ class Manifest:
         if path.suffix != ".json":
             path = path / MANIFEST_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomic(path, self.to_json())   # as open under the user's umask (it records inputs and the command)
         return path
 
     @classmethod

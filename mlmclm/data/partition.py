@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import atomic_file
 from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, check_relative_name
 from mlmclm.data.packing import Packer   # the packing a single run uses for its tails
@@ -46,9 +47,8 @@ def write_tails(out: Path, tails: list[tuple[int, np.ndarray, np.ndarray]]) -> d
     starts = [s + o for (_, _, s), o in zip(tails, offsets)]
     start_counts = np.array([len(s) for s in starts], np.int64)
     starts = np.concatenate(starts).astype(np.int64) if tails else np.zeros(0, np.int64)
-    tmp = out / (TAILS_NAME + ".tmp.npz")
-    np.savez(tmp, groups=groups, lengths=lengths, tokens=tokens, starts=starts, start_counts=start_counts)
-    os.replace(tmp, out / TAILS_NAME)
+    with atomic_file(out / TAILS_NAME, "wb") as stream:   # created exclusively: never a planted link
+        np.savez(stream, groups=groups, lengths=lengths, tokens=tokens, starts=starts, start_counts=start_counts)
     return {"name": TAILS_NAME, "groups": len(tails), "tokens": int(lengths.sum()),
             "checksum": token_checksum(tokens)}
 

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from mlmclm.atomic_write import temp_pattern
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from mlmclm.data.packing import Packer
 from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
@@ -251,7 +252,7 @@ def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfi
         out = out / PART_PATTERN.format(cfg.partition, cfg.num_partitions)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the old manifest must not describe a half-rewritten set
-    for stale in out.glob("shard-*.tar.tmp"):
+    for stale in [*out.glob("shard-*.tar.tmp"), *out.glob(temp_pattern("shard-*.tar"))]:   # older and current names
         stale.unlink()
 
     S, pad_id = cfg.seq_length, ident["pad_id"]

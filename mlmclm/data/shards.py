@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import atomic_file
 from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import ShardInfo, is_url
 from mlmclm.data.remote import read_stream, shard_limit
@@ -47,19 +48,15 @@ def write_shard(path: Path, blocks: list[tuple[np.ndarray, np.ndarray]], pad_id:
     via a temporary name and a rename, so a final name never holds a partial shard."""
     from webdataset import TarWriter
 
-    tmp = path.with_name(path.name + ".tmp")
     checksum, rows, real = 0, 0, 0
-    try:
-        with open(tmp, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
-            for tokens, starts in blocks:
-                tokens = _as_dtype(tokens, dtype)
-                writer.write({"__key__": f"{rows:08d}", TOKENS: _npy(tokens), DOC_STARTS: _npy(starts)})
-                checksum = token_checksum(np.ascontiguousarray(tokens), checksum)
-                rows += len(tokens)
-                real += int(tokens.size if pad_id is None else np.count_nonzero(tokens != pad_id))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # a temporary file of a random name, created exclusively (never a link planted in a shared folder)
+    with atomic_file(path, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
+        for tokens, starts in blocks:
+            tokens = _as_dtype(tokens, dtype)
+            writer.write({"__key__": f"{rows:08d}", TOKENS: _npy(tokens), DOC_STARTS: _npy(starts)})
+            checksum = token_checksum(np.ascontiguousarray(tokens), checksum)
+            rows += len(tokens)
+            real += int(tokens.size if pad_id is None else np.count_nonzero(tokens != pad_id))
     return ShardInfo(name=path.name, num_samples=rows, num_tokens=real, checksum=checksum)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from collections import defaultdict
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.runner import finetune_and_score
 from mlmclm.eval.tasks import TaskData, TaskSpec, load_task
 from mlmclm.eval.training import FinetuneConfig
@@ -169,9 +169,7 @@ def write_json_atomic(path: Path, payload: Any, allow_nan: bool = True) -> None:
     `allow_nan=False` refuses NaN/Infinity, which `json` would otherwise write although they are not JSON."""
     text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=allow_nan)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def _finished(path: Path, fingerprint: str) -> RunRecord | None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.train.phase_data import PhaseLoaders
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
@@ -132,9 +132,7 @@ STATUS_FILE = "run_status.json"  # rank 0's last word on the run: completed, pre
 def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = "") -> None:
     path = Path(cfg.run_dir) / STATUS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps({"status": status, "step": step, "detail": detail}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"status": status, "step": step, "detail": detail}))
 
 
 def _write_failure_status(cfg: TrainConfig, err: Exception, step: int | None) -> None:
@@ -456,9 +454,7 @@ def _rewind_metrics(path: Path, step: int) -> None:
     rows = path.read_text().splitlines(keepends=True)
     kept = [row for row in rows if _row_step(row) is not None and _row_step(row) <= step]
     if len(kept) != len(rows):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(kept))
 
 
 def _row_step(row: str) -> int | None:

@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".writer.lock"
@@ -104,9 +106,7 @@ class RunLock:
                     f"{held.get('pid')}, Slurm job {held.get('slurm_job')}); stop it first, or delete {self.path} "
                     f"if you know it is gone")
             log.info("taking over a stale lock on %s: %s", self.path.parent, reason)
-        tmp = self.path.with_name(LOCK_FILE + f".{os.getpid()}")
-        tmp.write_text(json.dumps(_holder()))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(_holder()))
 
     def touch(self) -> None:
         os.utime(self.path)
