@@ -117,3 +117,12 @@ def test_the_written_files_read_back(tmp_path):
         assert data["tokens"].tolist() == [1, 1, 1]
     _status(tmp_path)
     assert json.loads((tmp_path / "run_status.json").read_text())["step"] == 3
+
+
+def test_a_manifest_is_no_more_open_than_the_umask_asks(tmp_path, umask):
+    """It records the inputs and the command line: the old save forced 0644 under any umask."""
+    from mlmclm.data.manifest import Manifest
+
+    umask(0o077)
+    path = Manifest(seq_length=4, num_samples=0, num_tokens=0, tokenizer={}, shards=[]).save(tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
