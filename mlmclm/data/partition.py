@@ -26,6 +26,7 @@ from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, check_relat
 from mlmclm.data.packing import Packer   # the packing a single run uses for its tails
 from mlmclm.data.shards import ShardError, read_shard_starts, token_checksum, write_shard
 from mlmclm.data.tokenizer import check_same_tokenizer
+from mlmclm.redact import redact
 
 log = logging.getLogger(__name__)
 PART_PATTERN = "part-{:05d}-of-{:05d}"
@@ -177,7 +178,7 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
     merged = Manifest(
         seq_length=S, num_samples=sum(s.num_samples for s in shards), num_tokens=sum(s.num_tokens for s in shards),
         tokenizer=first.tokenizer, shards=shards, num_documents=sum(m.num_documents for m in manifests),
-        dtype=first.dtype, command=command or f"merge({out})",
+        dtype=first.dtype, command=redact(command or f"merge({out})"),
         inputs=list(dict.fromkeys(i for m in manifests for i in m.inputs)),   # every part lists the same inputs
         parts=[os.path.relpath(Path(m.location).parent, out) for m in manifests],
     )

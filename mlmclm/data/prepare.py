@@ -28,6 +28,7 @@ from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
 from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
 from mlmclm.data.sources import PrepareError, chosen_split, expand_inputs, hf_documents, iter_documents
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
+from mlmclm.redact import redact, redact_tree
 
 log = logging.getLogger(__name__)
 SHARD_PATTERN = re.compile(r"^shard-\d{6}\.tar$")
@@ -331,7 +332,7 @@ def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfi
     manifest = Manifest(
         seq_length=S, num_samples=sum(s.num_samples for s in shards),
         num_tokens=sum(s.num_tokens for s in shards), tokenizer=ident, shards=shards, num_documents=num_docs,
-        dtype=dtype, command=cfg.command or repr(cfg), inputs=inputs,
+        dtype=dtype, command=redact(cfg.command or repr(cfg)), inputs=redact_tree(inputs),
     )
     if cfg.partitioned:
         manifest.partition = {"index": cfg.partition, "count": cfg.num_partitions, "group_docs": cfg.group_docs}

@@ -18,6 +18,7 @@ from mlmclm.model.document_attention import attention_layout, check_local_packed
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
+from mlmclm.redact import redact, redact_tree
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
 from mlmclm.train.config import TrainConfig
@@ -132,7 +133,7 @@ STATUS_FILE = "run_status.json"  # rank 0's last word on the run: completed, pre
 def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = "") -> None:
     path = Path(cfg.run_dir) / STATUS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"status": status, "step": step, "detail": detail}))
+    write_atomic(path, json.dumps({"status": status, "step": step, "detail": redact(detail)}))
 
 
 def _write_failure_status(cfg: TrainConfig, err: Exception, step: int | None) -> None:
@@ -272,7 +273,7 @@ class _Run:
                 "max_position_embeddings": self.phase_models[phase_index].max_position_embeddings}
 
     def _save(self, phase_index: int, keep: bool) -> None:
-        run_config = self.cfg.to_dict()
+        run_config = redact_tree(self.cfg.to_dict())   # no credential of a data location in any checkpoint
         # Stop before writing when another checkpoint of the last one's size no longer fits (CheckpointWriteError).
         ckpt.check_room(self.cfg.checkpoint_dir, self.iteration, ckpt.last_complete(self.cfg.checkpoint_dir))
         # A preemption signal arriving now is handled after the save (signals.py); the parameters of the last
@@ -294,7 +295,7 @@ class _Run:
             _rewind_metrics(Path(cfg.run_dir) / "metrics.jsonl", self.iteration)
         peak = _peak_tflops(cfg)
         logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
-                               self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
+                               self.rank0, redact_tree(cfg.to_dict()), [p.name for p in cfg.phases],
                                metrics_file=Path(cfg.run_dir) / "metrics.jsonl", mfu=peak is not None,
                                run_name=cfg.tensorboard_run_name)
         final_losses: dict[str, float] = {}

@@ -143,3 +143,35 @@ def test_a_non_empty_folder_that_holds_no_run_of_ours_is_refused(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert (foreign / "notes.txt").read_text() == "mine\n" and (foreign / "checkpoints").is_dir()
+
+
+def test_a_credential_in_the_data_location_is_used_but_never_recorded(tmp_path):
+    """data.path carries a secret (an HF token set for the pipe's command): the run reads its data with it, and no
+    file of the run (every checkpoint's run_config.json, TensorBoard's config text, metrics, run_status.json) nor
+    its console holds it; the old code copied it into all of them. A run that fails prints and records the
+    location redacted too."""
+    token = "hf_" + "Zq7" * 10
+    data = sc.make_data(tmp_path / "data")
+    cfg = sc.config(tmp_path / "run", f"pipe:HF_TOKEN={token} cat {data}/manifest.json", tp=1)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    short = ["total_steps=3", "phases.0.steps=1", "phases.1.steps=2", "schedule.style=constant"]
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert any(p.name == "run_config.json" for p in written) and any("tfevents" in p.name for p in written)
+    assert [p for p in written if token.encode() in p.read_bytes()] == []
+    assert token not in proc.stdout + proc.stderr
+    saved = json.loads(next(p for p in written if p.name == "run_config.json").read_text())
+    assert saved["data"]["path"] == f"pipe:HF_TOKEN=<redacted> cat {data}/manifest.json"
+    assert any(b"HF_TOKEN=<redacted>" in p.read_bytes() for p in written if "tfevents" in p.name)
+
+    cfg = sc.config(tmp_path / "failed", f"pipe:HF_TOKEN={token} cat {tmp_path}/nowhere/manifest.json", tp=1)
+    config.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "error: cannot read dataset manifest pipe:HF_TOKEN=<redacted> cat" in proc.stderr
+    assert token not in proc.stdout + proc.stderr
+    status = (tmp_path / "failed" / "run_status.json").read_text()
+    assert "HF_TOKEN=<redacted>" in status and token not in status
