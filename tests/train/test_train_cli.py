@@ -166,6 +166,10 @@ def test_a_credential_in_the_data_location_is_used_but_never_recorded(tmp_path):
     saved = json.loads(next(p for p in written if p.name == "run_config.json").read_text())
     assert saved["data"]["path"] == f"pipe:HF_TOKEN=<redacted> cat {data}/manifest.json"
     assert any(b"HF_TOKEN=<redacted>" in p.read_bytes() for p in written if "tfevents" in p.name)
+    # the same command again resumes from the checkpoint whose recorded location is redacted (a location may move)
+    again = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "resumed" in again.stderr, again.stderr[-3000:]
 
     cfg = sc.config(tmp_path / "failed", f"pipe:HF_TOKEN={token} cat {tmp_path}/nowhere/manifest.json", tp=1)
     config.write_text(json.dumps(cfg))
