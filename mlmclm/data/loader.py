@@ -6,14 +6,14 @@ The global sample stream depends only on (seed, data): epoch e visits the shards
 So the samples and their order are the same for any DP size, TP/PP layout or micro-batch size with the same
 global batch size G. `sample_ids` are stream positions (unique across epochs): MLM masking keys on them.
 
-Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts, every
-token id inside the manifest's vocabulary) on its first read, then kept decoded (tokens as stored, uint16 or
-int32; document ids int16/int32) in a cache bounded by `LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are always kept, others are dropped
-least recently used first; a dropped shard is read and validated again when next needed. With the whole dataset
-in the cache, later epochs read no files. The next shard of the epoch is prefetched on a thread. A micro-batch
-costs one gather + int64 conversion per tensor into a fresh array (the caller owns what it gets: nothing it
-receives aliases the cache or an earlier batch). Resuming jumps straight to the saved position using the
-manifest's counts.
+Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts, every token id
+inside the manifest's vocabulary) on its first read, then kept decoded (tokens as stored, uint16 or int32; document
+ids int16/int32) in a cache bounded by `LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are
+always kept, others are dropped least recently used first; a dropped shard is read and validated again when next
+needed. With the whole dataset in the cache, later epochs read no files. The next shard of the epoch is prefetched
+on a thread. A micro-batch costs one gather + int64 conversion per tensor into a fresh array (the caller owns what
+it gets: nothing it receives aliases the cache or an earlier batch). Resuming jumps straight to the saved position
+using the manifest's counts.
 """
 from __future__ import annotations
 
