@@ -169,7 +169,7 @@ def load_export_on_device(checks: Checks, hf_dir: Path) -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model = AutoModelForMaskedLM.from_pretrained(hf_dir).to(device).eval()
+        model = AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=False).to(device).eval()
         ids = torch.randint(5, model.config.vocab_size, (2, 64), device=device)
         with torch.no_grad():
             logits = model(input_ids=ids).logits

@@ -39,11 +39,11 @@ def check_regular_file(path: str | Path, what: str = "file") -> os.stat_result:
     return info
 
 
-def read_regular_file(path: str | Path, limit: int = SMALL_FILE_LIMIT, what: str = "file") -> bytes:
-    """The bytes of the regular file `path`, refusing other kinds and files over `limit` bytes.
+def open_regular_file(path: str | Path, limit: int, what: str = "file"):
+    """`path` opened for binary reading, after refusing anything but a regular file of at most `limit` bytes.
 
-    Opened with O_NONBLOCK so that a FIFO put in place of the file cannot block the open itself; the kind is then
-    checked on the open descriptor (no window for a swap between a check and the open)."""
+    Opened with O_NONBLOCK so that a FIFO put in place of the file cannot block the open itself; the kind and size
+    are then checked on the open descriptor (no window for a swap between a check and the open)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
@@ -53,12 +53,18 @@ def read_regular_file(path: str | Path, limit: int = SMALL_FILE_LIMIT, what: str
         if info.st_size > limit:
             raise FileRefusedError(f"{path}: refusing to read this {what}: it holds {info.st_size} bytes, more than "
                                    f"the {limit} it may")
-        with os.fdopen(fd, "rb", closefd=True) as stream:
-            fd = -1
-            return read_limited(stream, limit, str(path), what)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(path: str | Path, limit: int = SMALL_FILE_LIMIT, what: str = "file") -> bytes:
+    """The bytes of the regular file `path`, refusing other kinds and files over `limit` bytes (see
+    `open_regular_file`); a file that grows while read is stopped at the bound too."""
+    with open_regular_file(path, limit, what) as stream:
+        return read_limited(stream, limit, str(path), what)
 
 
 def read_regular_text(path: str | Path, limit: int = SMALL_FILE_LIMIT, what: str = "file") -> str:

@@ -8,6 +8,7 @@ text, run_status.json, log lines, error messages) goes through `redact` first, w
 """
 from __future__ import annotations
 
+import logging
 import re
 
 REDACTED = "<redacted>"
@@ -24,8 +25,9 @@ _PATTERNS = (
     (re.compile(rf"(?P<keep>[?&;](?:{_SECRET_QUERY_KEYS})=)[^&#\s'\"]+", re.I), lambda m: f"{m['keep']}{REDACTED}"),
     # Hugging Face user access tokens
     (re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"), lambda m: REDACTED),
-    # Environment-style assignments: HF_TOKEN=…, AWS_SECRET_ACCESS_KEY=…, --token …
-    (re.compile(r"(?P<keep>\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|ACCESS_KEY)[A-Z0-9_]*=)\S+"),
+    # Environment-style assignments whose name has a secret word as one of its parts: HF_TOKEN=…,
+    # AWS_SECRET_ACCESS_KEY=…, DB_PASSWORD=… (not TOKENIZERS_PARALLELISM=…); then --token …
+    (re.compile(r"(?P<keep>\b(?:[A-Z0-9]+_)*(?:TOKENS?|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY)(?:_[A-Z0-9]+)*=)\S+"),
      lambda m: f"{m['keep']}{REDACTED}"),
     (re.compile(r"(?P<keep>--(?:token|password|secret|api-key)[= ])\S+", re.I), lambda m: f"{m['keep']}{REDACTED}"),
 )
@@ -41,11 +43,31 @@ def redact(text: str) -> str:
 
 
 def redact_tree(value):
-    """A copy of a JSON-like tree (dicts, lists, strings) with every string redacted."""
+    """A copy of a JSON-like tree (dicts, lists, strings) with every string redacted, keys too (a blend's weights
+    are keyed by their datasets' locations)."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {key: redact_tree(item) for key, item in value.items()}
+        return {redact_tree(key): redact_tree(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact_tree(item) for item in value]
     return value
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts each record's final message (its arguments merged in), whichever logger made it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+def install_log_redaction() -> None:
+    """Redact what every handler of the root logger writes (call after `logging.basicConfig`). Handler filters see
+    every record that reaches them, also those of other libraries' loggers (a shard's URL in a loader warning)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

@@ -22,6 +22,7 @@ import sys
 
 from mlmclm import quiet
 from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
+from mlmclm.redact import redact
 from recipes.interrupt import INTERRUPTED_EXIT_CODE
 
 
@@ -93,16 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         exp = launch.launch(tasks, args.executor, overrides.executor, title=args.name, dryrun=args.dryrun,
                             detach=args.detach)
     except (ValueError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(redact(f"error: {err}"), file=sys.stderr)
         return 2
     except launch.TaskInterruptedError as err:
-        print(str(err), file=sys.stderr)
+        print(redact(str(err)), file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     except launch.TaskPreemptedError as err:
-        print(str(err), file=sys.stderr)
+        print(redact(str(err)), file=sys.stderr)
         return PREEMPTED_EXIT_CODE
     except launch.TaskFailedError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(redact(f"error: {err}"), file=sys.stderr)
         return 1
     if exp is not None:  # None: every task had already finished, nothing was started
         print(f"experiment directory: {exp._exp_dir}")

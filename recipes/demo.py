@@ -69,9 +69,9 @@ def random_baseline(like: Path, target: Path, seed: int = 0) -> Path:
     if (target / "config.json").exists():
         return target
     torch.manual_seed(seed)
-    model = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(like))
+    model = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(like, trust_remote_code=False))
     model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(like).save_pretrained(target)
+    AutoTokenizer.from_pretrained(like, trust_remote_code=False).save_pretrained(target)
     return target
 
 
@@ -112,7 +112,7 @@ def pipeline_examples(model_dir: Path, queries=PIPELINE_QUERIES, top: int = 3) -
     """Hugging Face's own `pipeline("fill-mask")` on the export, queried as a user would type it."""
     from transformers import pipeline
 
-    fill = pipeline("fill-mask", model=str(model_dir), tokenizer=str(model_dir), top_k=top)
+    fill = pipeline("fill-mask", model=str(model_dir), tokenizer=str(model_dir), top_k=top, trust_remote_code=False)
     return [f"      {query!r}: " + ", ".join(f"{guess['token_str']!r} {guess['score']:.2f}" for guess in fill(query))
             for query in queries]
 
@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"tokens masked; unigram entropy {entropy:.2f}):")
     from transformers import AutoTokenizer
 
-    exported_tokenizer = AutoTokenizer.from_pretrained(exports["CLM25→MLM75"])  # the one fill_mask_scores uses
+    # the one fill_mask_scores uses
+    exported_tokenizer = AutoTokenizer.from_pretrained(exports["CLM25→MLM75"], trust_remote_code=False)
     loss, accuracy = unigram_fill_mask_scores(exported_tokenizer, counts, lines, mask_ratio)
     fill_mask_losses = {"unigram": loss}
     figures.update(passages=len(lines), mask_ratio=mask_ratio, fill_mask={"unigram": {"loss": loss, "top1": accuracy}})

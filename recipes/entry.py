@@ -7,6 +7,7 @@ import warnings
 
 from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
 from mlmclm import quiet
+from mlmclm.redact import install_log_redaction
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.save_errors import SAVE_FAILED_EXIT_CODE, CheckpointWriteError
 
@@ -26,6 +27,7 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
     quiet.install(children=False)
     warnings.filterwarnings("ignore", message=".*(deprecated|experimental).*")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    install_log_redaction()   # a data location's credentials never reach the task's log (the run uses them)
     if os.environ.get("RANK", "0") == "0" and (note := quiet.kernels_note()):
         logging.getLogger("recipes").warning(note)
     from mlmclm.train.pretrain import pretrain

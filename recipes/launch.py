@@ -24,6 +24,7 @@ from invoke.exceptions import UnexpectedExit
 
 from mlmclm.config_io import parse_value
 from mlmclm.data.manifest import MANIFEST_NAME
+from mlmclm.redact import redact
 from recipes import registry
 from recipes.base import validate, world_size
 from recipes.interrupt import LocalInterrupt, no_new_tasks
@@ -185,8 +186,8 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     interrupt = LocalInterrupt(os.fdopen(os.dup(2), "w")) if not (slurm or detach or dryrun) else None
     if dryrun:
         for name, partial in tasks:
-            print(f"=== task {name}: the training plan\n{training_plan(validate(partial), world_size(partial))}",
-                  file=console, flush=True)
+            plan = training_plan(validate(partial), world_size(partial))
+            print(redact(f"=== task {name}: the training plan\n{plan}"), file=console, flush=True)
     # locally, the runs' progress from their metrics.jsonl (NeMo-Run shows only the task's status); the experiment
     # waits for its tasks when its block exits
     watching = [RunProgress(run_dir_of(partial), partial.config.total_steps, console) for _, partial in tasks] \
@@ -321,10 +322,10 @@ def print_local_dryrun(exp: run.Experiment, console) -> None:
         ex = job.executor
         configs = sorted(Path(exp._exp_dir).glob(f"{job.id}/configs/*_fn_or_script"))
         env = " ".join(f"{k}={v!r}" for k, v in sorted(ex.env_vars.items()) if k != "PATH")
-        print(f"=== task {job.id}: will execute (NeMo-Run's local executor; nothing started by --dryrun)\n"
-              f"torchrun --nnodes 1 --nproc-per-node {ex.ntasks_per_node} -m nemo_run.core.runners.fdl_runner -n "
-              f"{job.id} {configs[0] if configs else '<task config>'}\n"
-              f"environment added: {env} (and this Python's bin first on PATH); logs under {exp._exp_dir}",
+        print(redact(f"=== task {job.id}: will execute (NeMo-Run's local executor; nothing started by --dryrun)\n"
+                     f"torchrun --nnodes 1 --nproc-per-node {ex.ntasks_per_node} -m nemo_run.core.runners.fdl_runner "
+                     f"-n {job.id} {configs[0] if configs else '<task config>'}\n"
+                     f"environment added: {env} (and this Python's bin first on PATH); logs under {exp._exp_dir}"),
               file=console, flush=True)
 
 
@@ -343,8 +344,8 @@ def print_slurm_dryrun(exp: run.Experiment) -> None:
               f"{ex.cpus_per_task} CPUs per node, wall time {ex.time} per job (requeued until done); ask for less "
               f"with the recipe's nodes=, executor.time=, executor.cpus_per_task=\n"
               f"sbatch script ({scripts[0] if scripts else 'not written'}):")
-        if scripts:
-            text = scripts[0].read_text()
+        if scripts:   # credentials shown as <redacted>: the script on disk holds them (the job needs them)
+            text = redact(scripts[0].read_text())
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
 

@@ -275,7 +275,7 @@ def measure(planned, exports: dict[str, Path], work: Path, args, console) -> dic
     passages = held_back_passages(held_back.text, args.passages or HELD_BACK_PASSAGES)
     print(f"[4/5] fill-mask ({FILL_MASK_RATIO:.0%} masked) on {len(passages)} passages of {held_back.title!r}",
           file=console)
-    tokenizer = AutoTokenizer.from_pretrained(next(iter(exports.values())))
+    tokenizer = AutoTokenizer.from_pretrained(next(iter(exports.values())), trust_remote_code=False)
     loss, top1 = unigram_fill_mask_scores(tokenizer, counts, passages, FILL_MASK_RATIO)
     baselines = {"unigram": {"loss": loss, "top1": top1}}
     loss, top1 = fill_mask_scores(exports["random-init"], passages, FILL_MASK_RATIO)

@@ -25,6 +25,7 @@ from mlmclm.data.partition import MergeError, merge
 from mlmclm.data.prepare import PrepareConfig, prepare, prepare_embedded_corpus
 from mlmclm.data.shards import ShardError
 from mlmclm.data.sources import PrepareError
+from mlmclm.redact import install_log_redaction, redact
 
 
 def _partition(value: str) -> int:
@@ -47,11 +48,12 @@ def main_merge(argv: list[str]) -> int:
                    help="skip reading every shard to check its checksum (counts and tails are still checked)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     try:
         m = merge(args.output, args.parts or None, verify=args.verify,
                   command="python tools/prepare_data.py merge " + shlex.join(argv))
     except (MergeError, PrepareError, ShardError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(redact(f"error: {err}"), file=sys.stderr)
         return 2
     print(f"{m.num_samples} samples, {m.num_tokens} tokens, {len(m.shards)} shards from {len(m.parts)} parts: "
           f"{m.location}")
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     command = "python tools/prepare_data.py " + shlex.join(argv)
     common = dict(samples_per_shard=args.samples_per_shard, workers=args.workers, progress=args.progress,
                   command=command, partition=args.partition, num_partitions=args.num_partitions,
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 streaming=args.streaming, **common,
             ))
     except (PrepareError, ShardError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(redact(f"error: {err}"), file=sys.stderr)
         return 2
     print(f"{manifest.num_samples} samples, {manifest.num_tokens} tokens, {len(manifest.shards)} shards: "
           f"{manifest.location}")

@@ -12,6 +12,7 @@ from mlmclm.convert.hf_config import UnsupportedModelError
 from mlmclm.convert.hf_source import SourceError
 from mlmclm.convert.output import OutputExistsError
 from mlmclm.convert.verify import VerificationError
+from mlmclm.redact import install_log_redaction, redact
 from mlmclm.train.checkpoint import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
@@ -24,10 +25,11 @@ def run_cli(main: Callable[[], str]) -> int:
     """Run `main` (returns the summary text); print it, or the error that stopped it, and return the status."""
     warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    install_log_redaction()
     try:
         print(main())
     except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(redact(f"error: {err}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: the output directory was not written", file=sys.stderr)

@@ -171,7 +171,7 @@ def load_source_tokenizer(directory: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory))  # never trust_remote_code
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     except Exception as err:
         raise SourceError(f"{directory}: the tokenizer ({', '.join(present)}) cannot be loaded without remote code: "
                           f"{type(err).__name__}: {err}") from err

@@ -2,13 +2,14 @@
 safetensors (or `torch.load(weights_only=True)` for legacy .bin files), one tensor at a time."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from mlmclm.bounded_read import FileRefusedError, check_regular_file, read_regular_json
 from mlmclm.convert.hf_config import SourceModel, UnsupportedModelError, model_config_from_hf
 
+INDEX_NAME = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old Llama checkpoints saved; recomputed anyway
 
 
@@ -33,15 +34,35 @@ def resolve_source(source: str) -> Path:
                           f"{type(err).__name__}: {err}") from err
 
 
+def _indexed_files(directory: Path) -> dict[str, Path]:
+    """Tensor name -> its file, from the sharded checkpoint's index (read bounded). Every file it names must be a
+    plain relative name inside `directory` (the index is someone else's: `../x` or `/etc/x` would read elsewhere)."""
+    index_path = directory / INDEX_NAME
+    try:
+        index = read_regular_json(index_path, what="weight index")
+    except ValueError as err:   # refused (FIFO, too large) or not JSON
+        raise SourceError(str(err) if isinstance(err, FileRefusedError) else f"{index_path}: not JSON: {err}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise SourceError(f"{index_path}: no 'weight_map' object")
+    files = {}
+    for name, file in weight_map.items():
+        parts = file.split("/") if isinstance(file, str) else []
+        if not parts or file.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+            raise SourceError(f"{index_path}: weight_map[{name!r}] names {file!r}, not a file inside {directory} "
+                              "(an absolute path or '..' is refused)")
+        files[name] = directory / file
+    return files
+
+
 class HFWeights:
     """Tensors of an HF checkpoint by name; names of a headless base model get the `model.` prefix."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self._files: dict[str, Path] = {}
-        if (self.directory / "model.safetensors.index.json").exists():
-            index = json.loads((self.directory / "model.safetensors.index.json").read_text())
-            self._files = {k: self.directory / v for k, v in index["weight_map"].items()}
+        if (self.directory / INDEX_NAME).exists():
+            self._files = _indexed_files(self.directory)
         elif (self.directory / "model.safetensors").exists():
             from safetensors import safe_open
 
@@ -56,6 +77,11 @@ class HFWeights:
         if missing:
             raise SourceError(f"{self.directory}: weight files listed in the index are missing: "
                               f"{sorted(p.name for p in missing)}")
+        for path in set(self._files.values()):   # a FIFO would block the reader (links are followed: hub caches)
+            try:
+                check_regular_file(path, "weight file")
+            except FileRefusedError as err:
+                raise SourceError(str(err)) from None
         if "model.embed_tokens.weight" not in self._files and "embed_tokens.weight" in self._files:
             self._files = {f"model.{k}": v for k, v in self._files.items()}
         self._bins: dict[Path, dict] = {}
@@ -102,7 +128,7 @@ def load_source(directory: Path, make_vocab_divisible_by: int = 128) -> tuple[So
     if not (directory / "config.json").exists():
         raise SourceError(f"{directory}: no config.json (not a Hugging Face model directory)")
     try:
-        hf_config = AutoConfig.from_pretrained(str(directory))  # never trust_remote_code
+        hf_config = AutoConfig.from_pretrained(str(directory), trust_remote_code=False)
     except Exception as err:
         raise SourceError(f"{directory}/config.json cannot be read by transformers without remote code: "
                           f"{type(err).__name__}: {err}") from err

@@ -11,6 +11,8 @@ from typing import Iterator
 
 import torch
 
+from mlmclm.atomic_write import dir_mode
+
 
 class OutputExistsError(FileExistsError):
     pass
@@ -44,7 +46,7 @@ def staged_output(output: Path, force: bool) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, output)
-        os.chmod(output, 0o755)  # mkdtemp makes 0700
+        os.chmod(output, dir_mode())  # mkdtemp makes 0700; give what mkdir would under the user's umask
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

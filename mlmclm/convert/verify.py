@@ -71,7 +71,7 @@ def _worker(checkpoint: str, hf_dir: str, model_dict: dict, dtype: str, result: 
         cfg = ModelConfig.from_dict(model_dict)
         tokens = sample_tokens(cfg.vocab_size, cfg.max_position_embeddings, length=length)
         ours = megatron_logits(Path(checkpoint), cfg, tokens, round_to=dtype)
-        hf = AutoModelForMaskedLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        hf = AutoModelForMaskedLM.from_pretrained(hf_dir, dtype=torch.float32, trust_remote_code=False).eval()
         with torch.no_grad():
             theirs = hf(input_ids=tokens).logits.float()
         Path(result).write_text(json.dumps({"max_abs_diff": (ours - theirs).abs().max().item(),
@@ -114,7 +114,7 @@ def check_config(hf_dir: Path, model: ModelConfig, special_ids: dict, dtype: str
     from mlmclm.convert.hf_config import DTYPES, rope_parameters
 
     try:
-        hf = AutoConfig.from_pretrained(str(hf_dir))
+        hf = AutoConfig.from_pretrained(str(hf_dir), trust_remote_code=False)
     except Exception as err:
         raise VerificationError(f"config.json cannot be loaded: {type(err).__name__}: {err}") from err
     want = {"model_type": "eurobert", "architectures": ["EuroBertForMaskedLM"], "vocab_size": model.vocab_size,

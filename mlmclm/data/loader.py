@@ -6,14 +6,14 @@ The global sample stream depends only on (seed, data): epoch e visits the shards
 So the samples and their order are the same for any DP size, TP/PP layout or micro-batch size with the same
 global batch size G. `sample_ids` are stream positions (unique across epochs): MLM masking keys on them.
 
-Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts) on its
-first read, then kept decoded (tokens as stored, uint16 or int32; document ids int16/int32) in a cache bounded by
-`LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are always kept, others are dropped
-least recently used first; a dropped shard is read and validated again when next needed. With the whole dataset
-in the cache, later epochs read no files. The next shard of the epoch is prefetched on a thread. A micro-batch
-costs one gather + int64 conversion per tensor into a fresh array (the caller owns what it gets: nothing it
-receives aliases the cache or an earlier batch). Resuming jumps straight to the saved position using the
-manifest's counts.
+Each rank reads the shards its slices fall in. A shard is read whole and validated (checksum, counts, every token id
+inside the manifest's vocabulary) on its first read, then kept decoded (tokens as stored, uint16 or int32; document
+ids int16/int32) in a cache bounded by `LoaderConfig.cache_bytes`: the shards in use and the prefetched next one are
+always kept, others are dropped least recently used first; a dropped shard is read and validated again when next
+needed. With the whole dataset in the cache, later epochs read no files. The next shard of the epoch is prefetched
+on a thread. A micro-batch costs one gather + int64 conversion per tensor into a fresh array (the caller owns what
+it gets: nothing it receives aliases the cache or an earlier batch). Resuming jumps straight to the saved position
+using the manifest's counts.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 
 from mlmclm.data.manifest import Manifest
 from mlmclm.data.shards import ShardError, document_ids, read_shard_starts
-from mlmclm.data.tokenizer import check_same_tokenizer
+from mlmclm.data.tokenizer import check_same_tokenizer, check_token_ids
 
 log = logging.getLogger(__name__)
 STATE_FORMAT = 1
@@ -75,6 +75,8 @@ class PackedLoader:
         if sum(s.num_samples for s in m.shards) != m.num_samples or m.num_samples == 0:
             raise ValueError(f"{m.location}: shard sample counts do not add up to num_samples={m.num_samples}")
         self._pad_id = m.tokenizer.get("pad_id")
+        check_token_ids(m.tokenizer, m.location)   # at start: vocab_size and every special id inside it
+        self._vocab_size = m.tokenizer["vocab_size"]   # every id handed out is checked against it
         self.epoch = 0
         self.consumed_samples = 0
         self._epoch_start = 0             # stream position where the current epoch began
@@ -113,7 +115,7 @@ class PackedLoader:
         info = self.manifest.shards[shard]
         seq_length = self.manifest.seq_length
         tokens, starts = read_shard_starts(self.manifest.shard_url(info.name), info, seq_length, self._pad_id,
-                                           self.manifest.dtype)
+                                           self.manifest.dtype, self._vocab_size)
         if tokens.base is not None:   # a view of the file's mapping or buffer: own the data while it is cached
             tokens = tokens.copy()
         # A row holds at most S documents: int16 is exact up to S = 32768 (a quarter of int64's memory).

@@ -20,9 +20,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from mlmclm.atomic_write import write_atomic
+from mlmclm.bounded_read import FileRefusedError, read_regular_file
+from mlmclm.data.remote import MANIFEST_LIMIT, read_stream
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "mlmclm-packed-v2"
@@ -92,26 +95,19 @@ class Manifest:
         if path.suffix != ".json":
             path = path / MANIFEST_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomic(path, self.to_json())   # as open under the user's umask (it records inputs and the command)
         return path
 
     @classmethod
     def load(cls, path_or_url: str | os.PathLike) -> "Manifest":
         """From a dataset directory, a manifest file, or a webdataset URL (`pipe:...`, `http(s)://...`)."""
         location = manifest_location(str(path_or_url))
-        try:
-            if is_url(location):
-                from webdataset.gopen import gopen
-
-                with gopen(location, "rb") as stream:
-                    text = stream.read().decode("utf-8")
-            else:
-                text = Path(location).read_text(encoding="utf-8")
-            data = json.loads(text)
+        try:  # bounded: a manifest from others may be /dev/zero, a FIFO or an endless response
+            raw = (read_stream(location, MANIFEST_LIMIT, "dataset manifest") if is_url(location)
+                   else read_regular_file(location, MANIFEST_LIMIT, "dataset manifest"))
+            data = json.loads(raw.decode("utf-8"))
+        except FileRefusedError as err:   # names the manifest and why
+            raise ValueError(str(err)) from None
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read dataset manifest {location}: {err}") from err
         if not isinstance(data, dict) or data.get("format") not in READABLE_FORMATS:

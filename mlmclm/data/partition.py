@@ -15,14 +15,18 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import atomic_file
+from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, check_relative_name
 from mlmclm.data.packing import Packer   # the packing a single run uses for its tails
 from mlmclm.data.shards import ShardError, read_shard_starts, token_checksum, write_shard
 from mlmclm.data.tokenizer import check_same_tokenizer
+from mlmclm.redact import redact
 
 log = logging.getLogger(__name__)
 PART_PATTERN = "part-{:05d}-of-{:05d}"
@@ -44,9 +48,8 @@ def write_tails(out: Path, tails: list[tuple[int, np.ndarray, np.ndarray]]) -> d
     starts = [s + o for (_, _, s), o in zip(tails, offsets)]
     start_counts = np.array([len(s) for s in starts], np.int64)
     starts = np.concatenate(starts).astype(np.int64) if tails else np.zeros(0, np.int64)
-    tmp = out / (TAILS_NAME + ".tmp.npz")
-    np.savez(tmp, groups=groups, lengths=lengths, tokens=tokens, starts=starts, start_counts=start_counts)
-    os.replace(tmp, out / TAILS_NAME)
+    with atomic_file(out / TAILS_NAME, "wb") as stream:   # created exclusively: never a planted link
+        np.savez(stream, groups=groups, lengths=lengths, tokens=tokens, starts=starts, start_counts=start_counts)
     return {"name": TAILS_NAME, "groups": len(tails), "tokens": int(lengths.sum()),
             "checksum": token_checksum(tokens)}
 
@@ -54,11 +57,22 @@ def write_tails(out: Path, tails: list[tuple[int, np.ndarray, np.ndarray]]) -> d
 def read_tails(part: Manifest) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """The tails a part saved, checked against its manifest (MergeError naming the part otherwise)."""
     path = Path(part.shard_url(part.tails["name"]))
+    # A regular file no larger than its manifest's counts allow (groups and lengths int64, tokens int32, at most
+    # one int64 start per token), and no member that unpacks to more (a compressed member could).
     try:
-        with np.load(path, allow_pickle=False) as data:
-            groups, lengths, tokens = data["groups"], data["lengths"], data["tokens"]
-            starts, start_counts = data["starts"], data["start_counts"]
-    except (OSError, ValueError, KeyError) as err:
+        limit = 24 * int(part.tails["groups"]) + 12 * int(part.tails["tokens"]) + (1 << 20)
+        with open_regular_file(path, limit, "tails file") as stream:
+            unpacked = sum(member.file_size for member in zipfile.ZipFile(stream).infolist())
+            if unpacked > limit:
+                raise FileRefusedError(f"{path}: refusing to read this tails file: its arrays unpack to "
+                                       f"{unpacked} bytes, more than the {limit} its manifest allows")
+            stream.seek(0)
+            with np.load(stream, allow_pickle=False) as data:
+                groups, lengths, tokens = data["groups"], data["lengths"], data["tokens"]
+                starts, start_counts = data["starts"], data["start_counts"]
+    except FileRefusedError as err:
+        raise MergeError(f"part {part.location}: {err}") from err
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
         raise MergeError(f"part {part.location}: cannot read {path}: {err}") from err
     if (len(groups) != part.tails["groups"] or int(lengths.sum()) != part.tails["tokens"]
             or len(tokens) != part.tails["tokens"] or token_checksum(tokens) != part.tails["checksum"]):
@@ -132,7 +146,7 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
         for info in m.shards:
             if verify:
                 try:
-                    read_shard_starts(m.shard_url(info.name), info, S, pad_id, m.dtype)
+                    read_shard_starts(m.shard_url(info.name), info, S, pad_id, m.dtype, m.tokenizer.get("vocab_size"))
                 except ShardError as err:
                     raise MergeError(f"part {part_dir}: {err}") from err
             name = os.path.relpath(part_dir / info.name, out)
@@ -164,7 +178,7 @@ def merge(output_dir: str | os.PathLike, parts: list[str | os.PathLike] | None =
     merged = Manifest(
         seq_length=S, num_samples=sum(s.num_samples for s in shards), num_tokens=sum(s.num_tokens for s in shards),
         tokenizer=first.tokenizer, shards=shards, num_documents=sum(m.num_documents for m in manifests),
-        dtype=first.dtype, command=command or f"merge({out})",
+        dtype=first.dtype, command=redact(command or f"merge({out})"),
         inputs=list(dict.fromkeys(i for m in manifests for i in m.inputs)),   # every part lists the same inputs
         parts=[os.path.relpath(Path(m.location).parent, out) for m in manifests],
     )

@@ -21,12 +21,14 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from mlmclm.atomic_write import temp_pattern
 from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from mlmclm.data.packing import Packer
 from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
 from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
 from mlmclm.data.sources import PrepareError, chosen_split, expand_inputs, hf_documents, iter_documents
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
+from mlmclm.redact import redact, redact_tree
 
 log = logging.getLogger(__name__)
 SHARD_PATTERN = re.compile(r"^shard-\d{6}\.tar$")
@@ -251,7 +253,7 @@ def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfi
         out = out / PART_PATTERN.format(cfg.partition, cfg.num_partitions)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the old manifest must not describe a half-rewritten set
-    for stale in out.glob("shard-*.tar.tmp"):
+    for stale in [*out.glob("shard-*.tar.tmp"), *out.glob(temp_pattern("shard-*.tar"))]:   # older and current names
         stale.unlink()
 
     S, pad_id = cfg.seq_length, ident["pad_id"]
@@ -330,7 +332,7 @@ def _prepare_documents(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfi
     manifest = Manifest(
         seq_length=S, num_samples=sum(s.num_samples for s in shards),
         num_tokens=sum(s.num_tokens for s in shards), tokenizer=ident, shards=shards, num_documents=num_docs,
-        dtype=dtype, command=cfg.command or repr(cfg), inputs=inputs,
+        dtype=dtype, command=redact(cfg.command or repr(cfg)), inputs=redact_tree(inputs),
     )
     if cfg.partitioned:
         manifest.partition = {"index": cfg.partition, "count": cfg.num_partitions, "group_docs": cfg.group_docs}

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import atomic_file
+from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import ShardInfo, is_url
+from mlmclm.data.remote import read_stream, shard_limit
 
 TOKENS, DOC_STARTS = "tokens.npy", "doc_starts.npy"
 
@@ -45,19 +48,15 @@ def write_shard(path: Path, blocks: list[tuple[np.ndarray, np.ndarray]], pad_id:
     via a temporary name and a rename, so a final name never holds a partial shard."""
     from webdataset import TarWriter
 
-    tmp = path.with_name(path.name + ".tmp")
     checksum, rows, real = 0, 0, 0
-    try:
-        with open(tmp, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
-            for tokens, starts in blocks:
-                tokens = _as_dtype(tokens, dtype)
-                writer.write({"__key__": f"{rows:08d}", TOKENS: _npy(tokens), DOC_STARTS: _npy(starts)})
-                checksum = token_checksum(np.ascontiguousarray(tokens), checksum)
-                rows += len(tokens)
-                real += int(tokens.size if pad_id is None else np.count_nonzero(tokens != pad_id))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # a temporary file of a random name, created exclusively (never a link planted in a shared folder)
+    with atomic_file(path, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
+        for tokens, starts in blocks:
+            tokens = _as_dtype(tokens, dtype)
+            writer.write({"__key__": f"{rows:08d}", TOKENS: _npy(tokens), DOC_STARTS: _npy(starts)})
+            checksum = token_checksum(np.ascontiguousarray(tokens), checksum)
+            rows += len(tokens)
+            real += int(tokens.size if pad_id is None else np.count_nonzero(tokens != pad_id))
     return ShardInfo(name=path.name, num_samples=rows, num_tokens=real, checksum=checksum)
 
 
@@ -72,30 +71,26 @@ def _as_dtype(tokens: np.ndarray, dtype: str) -> np.ndarray:
     return tokens.astype(target)
 
 
-def _open(url: str):
-    if is_url(url):
-        from webdataset.gopen import gopen
-
-        return gopen(url, "rb")
-    return open(url, "rb")
-
-
 def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
-               dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+               dtype: str | None = None, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """All rows of a shard: tokens [n, S] (uint16 or int32, as stored; `dtype` checks it) and document ids [n, S] int64 (index of the document inside its
-    row; 0 for the document the row starts in). Validated against the manifest; raises ShardError naming it."""
-    tokens, starts = read_shard_starts(url, info, seq_length, pad_id, dtype)
+    row; 0 for the document the row starts in). Validated against the manifest (with `vocab_size`: every id in
+    [0, vocab_size)); raises ShardError naming it."""
+    tokens, starts = read_shard_starts(url, info, seq_length, pad_id, dtype, vocab_size)
     return tokens, document_ids(starts, *tokens.shape)
 
 
 def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
-                      dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      dtype: str | None = None, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Like `read_shard`, but returns the flat document starts (int64, as stored) instead of document ids, and
     tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way."""
     try:
-        tokens, starts = _read_blocks(url, seq_length)
+        limit = shard_limit(info.num_samples, seq_length, np.dtype(TOKEN_DTYPES.get(dtype, np.int32)).itemsize)
+        tokens, starts = _read_blocks(url, seq_length, limit)
     except ShardError:
         raise
+    except FileRefusedError as err:   # a FIFO, a device, more bytes than the manifest allows: its message names it
+        raise ShardError(str(err)) from err
     except (OSError, EOFError, tarfile.TarError, ValueError, KeyError) as err:
         raise ShardError(f"shard {url}: unreadable or truncated ({type(err).__name__}: {err})") from err
     problems = []
@@ -109,9 +104,29 @@ def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | 
         real = tokens.size if pad_id is None else int(np.count_nonzero(tokens != pad_id))
         if real != info.num_tokens:
             problems.append(f"{real} tokens, manifest says {info.num_tokens}")
+        elif vocab_size is not None:
+            problems += token_range_problems(tokens, vocab_size)
     if problems:
         raise ShardError(f"shard {url}: " + "; ".join(problems))
     return tokens, starts
+
+
+def token_range_problems(tokens: np.ndarray, vocab_size: int) -> list[str]:
+    """[] when every id of `tokens` [n, S] lies in [0, vocab_size), else the first id outside it, with its place.
+
+    A consistent manifest (counts, checksum) says nothing about the ids themselves: an id past the vocabulary
+    passes every other check and fails only in the embedding (a device-side assert with TP 1, an id silently
+    masked with TP > 1), on every rank, whenever the shard comes up. One max (and a min for signed ids) per
+    shard read, at memory speed."""
+    if not tokens.size:
+        return []
+    low = int(tokens.min()) if np.issubdtype(tokens.dtype, np.signedinteger) else 0
+    high = int(tokens.max())
+    if low >= 0 and high < vocab_size:
+        return []
+    row, col = (int(i) for i in np.argwhere((tokens < 0) | (tokens >= vocab_size))[0])
+    return [f"token id {int(tokens[row, col])} (row {row}, column {col}) is outside the vocabulary [0, {vocab_size}) "
+            f"of the manifest's tokenizer"]
 
 
 def document_ids(starts: np.ndarray, rows: int, seq_length: int, dtype=np.int64) -> np.ndarray:
@@ -137,14 +152,14 @@ def _npy_view(data: bytes, offset: int, size: int, what: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, count=count, offset=offset + head.tell()).reshape(shape)
 
 
-def _read_blocks(url: str, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read the whole shard into memory once, then take its arrays as views of that buffer."""
+def _read_blocks(url: str, seq_length: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read the whole shard into memory once, then take its arrays as views of that buffer. At most `limit` bytes
+    (what its manifest entry says it holds, plus headers): a larger shard, a FIFO or a device is refused."""
     if is_url(url):
-        with _open(url) as stream:
-            data = stream.read()
+        data = read_stream(url, limit, "shard")
         index = io.BytesIO(data)  # shares `data`, no copy
     else:  # map local files: the arrays are then views of the page cache, not copies
-        index = open(url, "rb")
+        index = open_regular_file(url, limit, "shard")
         size = os.fstat(index.fileno()).st_size
         data = mmap.mmap(index.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     with index:

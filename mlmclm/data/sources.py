@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator
 
+from mlmclm.bounded_read import read_regular_json
+
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
@@ -174,7 +176,10 @@ def chosen_split(name: str, split: str | None) -> str:
         return split
     listing = Path(name) / "dataset_dict.json"
     if listing.exists():
-        splits = json.loads(listing.read_text()).get("splits") or []
+        try:
+            splits = read_regular_json(listing, what="dataset listing").get("splits") or []
+        except (ValueError, AttributeError) as err:
+            raise PrepareError(f"{listing}: not a dataset listing: {err}") from err
         if len(splits) == 1:
             return splits[0]
         raise PrepareError(f"dataset {name!r} holds the splits {sorted(splits)}: choose one with --split")
@@ -195,7 +200,8 @@ def _load_hf(name: str, config: str | None, split: str | None, streaming: bool):
                 dataset = dataset[split]
             return (dataset.to_iterable_dataset() if streaming else dataset), split
         split = split or "train"
-        return datasets.load_dataset(name, config, split=split, streaming=streaming), split
+        return datasets.load_dataset(name, config, split=split, streaming=streaming,
+                                     trust_remote_code=False), split
     except PrepareError:
         raise
     except Exception as err:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)

@@ -99,10 +99,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         name_or_path = embedded_tokenizer_dir()
     if not Path(name_or_path).exists():
         try:
-            return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True, trust_remote_code=False)
         except OSError:  # not cached: only the hub has it
             _check_hub_reachable(str(name_or_path))
-    return AutoTokenizer.from_pretrained(str(name_or_path))
+    return AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
 
 
 def _check_hub_reachable(name: str, timeout: float = 5.0) -> None:
@@ -146,9 +146,27 @@ def tokenizer_identity(tokenizer) -> dict:
     }
 
 
+SPECIAL_ROLES = ("bos_id", "eos_id", "mask_id", "pad_id")
+
+
+def check_token_ids(identity: dict, where: str) -> None:
+    """A tokenizer identity from others (a manifest's) is usable: `vocab_size` a positive integer, and each special
+    id absent (None) or inside [0, vocab_size). Checked when data is opened, so a bad `mask_id` stops a run at its
+    start, not when its MLM phase begins hours later (ValueError naming `where` and the field)."""
+    vocab = identity.get("vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{where}: tokenizer.vocab_size {vocab!r} is not a positive integer: the token ids of its "
+                         "data cannot be checked")
+    for role in SPECIAL_ROLES:
+        value = identity.get(role)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
+            raise ValueError(f"{where}: tokenizer.{role} {value!r} is outside the vocabulary [0, {vocab}) "
+                             "(tokenizer.vocab_size)")
+
+
 def check_same_tokenizer(found: dict, expected: dict, where: str) -> None:
     """Raise if `found` (e.g. a manifest's tokenizer) is not `expected` (the model's)."""
-    keys = ("vocab_hash", "vocab_size", "bos_id", "eos_id", "mask_id", "pad_id")
+    keys = ("vocab_hash", "vocab_size") + SPECIAL_ROLES
     diff = {k: (found.get(k), expected.get(k)) for k in keys if k in expected and found.get(k) != expected.get(k)}
     if diff:
         detail = ", ".join(f"{k}: {a!r} (data) != {b!r} (model)" for k, (a, b) in diff.items())

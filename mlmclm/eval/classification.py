@@ -32,11 +32,12 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
                        eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
     tokenizer = load_tokenizer(model_dir)
     label_ids = {label: i for i, label in enumerate(data.labels)}
-    extra = {"classifier_pooling": "mean"} if AutoConfig.from_pretrained(model_dir).model_type == "eurobert" else {}
+    model_type = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).model_type
+    extra = {"classifier_pooling": "mean"} if model_type == "eurobert" else {}
     seed_everything(config.seed)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir, num_labels=len(data.labels), id2label={i: str(l) for l, i in label_ids.items()},
-        label2id={str(l): i for l, i in label_ids.items()}, **extra)
+        label2id={str(l): i for l, i in label_ids.items()}, trust_remote_code=False, **extra)
     model.config.pad_token_id = tokenizer.pad_token_id
     model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import atomic_file, write_atomic
 from mlmclm.eval.data_efficiency import CURVE_FILE, read_curve
 from mlmclm.eval.protocol import load_records
 from mlmclm.eval.summary import family_results, stability_results
@@ -107,9 +108,7 @@ def compare_runs(runs: list[RunInputs], output_dir: Path) -> Path:
                      + f"{(f'{100 * stab[0].diverged_fraction:.0f} %') if stab else 'n/a'} |")
     lines += ["", "Plots: " + (", ".join(f"![{p.stem}]({p.name})" for p in images) if images else "none (no data)")]
     markdown = output_dir / "comparison.md"
-    tmp = markdown.with_name("comparison.md.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(markdown)
+    write_atomic(markdown, "\n".join(lines) + "\n")
     return markdown
 
 
@@ -166,9 +165,8 @@ def _families(records) -> list[str]:
 def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(path.stem + ".tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(path, "wb") as stream:
+        fig.savefig(stream, dpi=100, format="png")
     plt.close(fig)
-    tmp.replace(path)
     return path

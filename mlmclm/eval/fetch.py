@@ -22,6 +22,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.data_root import MANIFEST
 from mlmclm.eval.hub_files import read_parquet, read_qrels
 from mlmclm.eval.retrieval_sets import filtered_shard, mldr_ids
@@ -110,9 +111,7 @@ def _rows_of(path: Path) -> int:
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, out / MANIFEST)
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def _resolve(hub: Hub, repo: str) -> str:

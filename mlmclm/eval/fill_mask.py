@@ -54,7 +54,8 @@ def load_mlm(model_dir: Path):
     """The exported model with its masked-LM head, and its tokenizer."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir), AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+    return (AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False),
+            AutoModelForMaskedLM.from_pretrained(model_dir, trust_remote_code=False).eval())
 
 
 def masked_positions(tokenizer, passages: list[str], mask_ratio: float,

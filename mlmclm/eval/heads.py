@@ -18,7 +18,7 @@ class SpanQAModel(nn.Module):
 
     def __init__(self, model_dir: Path):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
         self.span = nn.Linear(self.encoder.config.hidden_size, 2)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ class MeanPoolingEncoder(nn.Module):
 
     def __init__(self, model_dir: Path):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlmclm.atomic_write import atomic_file
 from mlmclm.eval.protocol import RunRecord
 from mlmclm.eval.summary import family_results
 from mlmclm.eval.tasks import FAMILY_SHORT
@@ -79,11 +80,10 @@ def _plt():
 
 def _save(fig, path: Path) -> None:
     plt = _plt()
-    tmp = path.with_name(path.stem + ".tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(path, "wb") as stream:
+        fig.savefig(stream, dpi=100, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _family_scores(records: list[RunRecord]) -> dict[str, dict[str, tuple[float, float]]]:

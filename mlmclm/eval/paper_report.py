@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.data_efficiency import CURVE_FILE
 from mlmclm.eval.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
 from mlmclm.eval.pretraining_runs import PretrainedModel, PretrainingInputError, load_pretraining
@@ -215,9 +216,7 @@ def table_csv(table: MainTable) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, text)
 
 
 def _check_output(out: Path, force: bool) -> None:

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
+
 PRETRAINING_FILE = "pretraining.json"
 OBJECTIVES = ("MLM", "CLM", "biphasic", "CPT")
 
@@ -48,9 +50,7 @@ class PretrainedModel:
 def write_pretraining(directory: Path, measured: dict) -> Path:
     path = Path(directory) / PRETRAINING_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(measured, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(measured, indent=1))
     return path
 
 

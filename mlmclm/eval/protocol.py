@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from collections import defaultdict
@@ -16,9 +15,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.runner import finetune_and_score
 from mlmclm.eval.tasks import TaskData, TaskSpec, load_task
 from mlmclm.eval.training import FinetuneConfig
+from mlmclm.path_names import check_path_component
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
@@ -158,7 +159,9 @@ def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> 
 
 
 def run_path(output_dir: Path, model: str, task: str, learning_rate: float, seed: int) -> Path:
-    return Path(output_dir) / RUNS_FOLDER / model / task / f"lr{learning_rate:g}_seed{seed}.json"
+    """Where a run's record goes: always inside `output_dir` (label and task are single path components)."""
+    return (Path(output_dir) / RUNS_FOLDER / check_path_component(model, "model label")
+            / check_path_component(task, "task name") / f"lr{learning_rate:g}_seed{seed}.json")
 
 
 def write_json_atomic(path: Path, payload: Any, allow_nan: bool = True) -> None:
@@ -166,9 +169,7 @@ def write_json_atomic(path: Path, payload: Any, allow_nan: bool = True) -> None:
     `allow_nan=False` refuses NaN/Infinity, which `json` would otherwise write although they are not JSON."""
     text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=allow_nan)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def _finished(path: Path, fingerprint: str) -> RunRecord | None:
@@ -185,8 +186,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
              protocol: ProtocolConfig, progress: bool = True) -> list[RunRecord]:
     """Every (model, task, lr, seed) run; finished runs (same fingerprint) are read back instead of re-run."""
     for label, directory in model_dirs.items():
-        if not label or "/" in label:
-            raise ValueError(f"model label must be non-empty without '/', got {label!r}")
+        check_path_component(label, "model label")
         if not (Path(directory) / "config.json").exists():
             raise FileNotFoundError(f"model {label!r}: {directory} is not a Hugging Face model directory (no config.json)")
     loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import atomic_file
 from mlmclm.eval.metrics import mean_ci95
 from mlmclm.eval.pretraining_runs import PretrainedModel
 from mlmclm.eval.seed_groups import SeedTable
@@ -34,11 +35,10 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(path, "wb") as stream:
+        fig.savefig(stream, dpi=100, format="png")
     _plt().close(fig)
-    tmp.replace(path)
 
 
 def _seeds(runs: list[PretrainedModel]) -> str:

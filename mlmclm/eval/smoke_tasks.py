@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.tasks import TaskSpec
 
 SMOKE_PLAYS = ("macbeth_gut", "tempest_gut", "twelfth_night_gut", "othello_gut")
@@ -178,8 +179,7 @@ def write_smoke_tasks(output_dir: Path, sizes: SmokeSizes = SmokeSizes(), seed: 
         folder = Path(output_dir) / name
         folder.mkdir(parents=True, exist_ok=True)
         for split, split_rows in _split(rows, sizes, seed).items():
-            tmp = folder / f"{split}.jsonl.tmp"
-            tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows), encoding="utf-8")
-            tmp.replace(folder / f"{split}.jsonl")
+            write_atomic(folder / f"{split}.jsonl",
+                         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows))
         specs.append(TaskSpec(name=name, family=family, path=str(folder), max_length=max_length))
     return specs

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.metrics import mean_ci95
 from mlmclm.eval.protocol import FEW_STEPS, RunRecord, group_runs, select_learning_rate, write_json_atomic
 
@@ -172,9 +173,7 @@ def write_summary(records: list[RunRecord], output_dir: Path) -> Path:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     markdown_path = output_dir / "summary.md"
-    tmp = markdown_path.with_name("summary.md.tmp")
-    tmp.write_text(summary_markdown(records), encoding="utf-8")
-    tmp.replace(markdown_path)
+    write_atomic(markdown_path, summary_markdown(records))
     write_json_atomic(output_dir / "summary.json", finite_or_null({
         "tasks": [asdict(t) for t in task_results(records)],
         "families": [asdict(f) for f in family_results(records)],

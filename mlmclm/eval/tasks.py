@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmclm.eval.splits import paper_validation_split, seeded_query_halves, shuffled
+from mlmclm.path_names import check_path_component
 
 FAMILIES = ("classification", "token_classification", "qa", "retrieval")
 FAMILY_SHORT = {"classification": "SC", "token_classification": "TC", "qa": "QA", "retrieval": "IR"}  # the paper's
@@ -73,8 +74,7 @@ class TaskSpec:
     metric: str | None = None  # the main metric when not the family's (MAIN_METRIC), e.g. "sentence_macro_f1"
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"task name must be non-empty without '/', got {self.name!r}")
+        check_path_component(self.name, "task name")
         if self.family not in FAMILIES:
             raise ValueError(f"task {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
         if self.source is not None:
@@ -231,7 +231,7 @@ def _source_splits(spec: TaskSpec) -> dict[str, str]:
 def _read_hf_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     import datasets  # network access; never exercised in tests
 
-    loaded = datasets.load_dataset(spec.hf_name, spec.hf_config)
+    loaded = datasets.load_dataset(spec.hf_name, spec.hf_config, trust_remote_code=False)
     out = {}
     for split, source in _source_splits(spec).items():
         if source not in loaded:

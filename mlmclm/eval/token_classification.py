@@ -82,7 +82,8 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
     tag_ids = {tag: i for i, tag in enumerate(data.labels)}
     seed_everything(config.seed)
     model = AutoModelForTokenClassification.from_pretrained(
-        model_dir, num_labels=len(data.labels), id2label=dict(enumerate(data.labels)), label2id=tag_ids)
+        model_dir, num_labels=len(data.labels), id2label=dict(enumerate(data.labels)), label2id=tag_ids,
+        trust_remote_code=False)
     model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "labels": IGNORE}
     max_length = max_length_of(data.spec, model_dir)

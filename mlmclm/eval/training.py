@@ -92,7 +92,7 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
         raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
     hf_logging.set_verbosity_error()  # newly initialised heads are expected; the warning is noise here
     hf_logging.disable_progress_bar()  # one bar per weight load would drown the bar over runs
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if not tokenizer.is_fast:
         raise ValueError(f"{model_dir}: evaluation needs a fast tokenizer (offsets, word ids)")
     if tokenizer.pad_token_id is None:

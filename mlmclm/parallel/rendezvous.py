@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+from mlmclm.parallel.local_store import loopback_store
 from mlmclm.parallel.ports import free_port
 
 _side_store = None
@@ -25,10 +26,8 @@ _groups_started = 0
 def open_side_store(port: int, rank: int, world_size: int) -> None:
     """Join (rank 0: serve) the side store for these processes' whole life."""
     global _side_store
-    import torch.distributed as dist
-
-    _side_store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
-                                timeout=timedelta(minutes=10), wait_for_workers=False)
+    # on 127.0.0.1 only: torch's own server would listen on every interface, unauthenticated
+    _side_store = loopback_store(port, world_size, rank == 0, timedelta(minutes=10), wait_for_workers=False)
 
 
 def use_fresh_port() -> None:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from mlmclm.parallel import cpu_emulation, rendezvous
+from mlmclm.parallel.local_store import process_group_store
 from mlmclm.parallel.ports import free_port
 
 
@@ -153,7 +154,13 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234, timeout_minutes: int = 
         if not emulated:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         rendezvous.use_fresh_port()  # a group started again in launch.spawn's processes: never the last one's port
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
+        timeout = timedelta(minutes=timeout_minutes)
+        store = process_group_store(timeout)   # a job on this host only: its store listens on 127.0.0.1
+        if store is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]))
     world = dist.get_world_size()
     cfg.data_parallel_size(world)  # validates divisibility with a clear message
     if parallel_state.model_parallel_is_initialized():

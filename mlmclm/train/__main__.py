@@ -18,21 +18,25 @@ def main(argv: list[str] | None = None) -> int:
     quiet.install(children=False)  # the TE/apex/CUDA-absent warnings, filtered as in every other entry point
     warnings.filterwarnings("ignore", message=".*(deprecated|experimental).*")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from mlmclm.redact import install_log_redaction, redact
+
+    install_log_redaction()   # a data location's credentials never reach the logs (the run uses them)
     from mlmclm.train.config import TrainConfig
     from mlmclm.train.pretrain import pretrain
 
     try:
         cfg = TrainConfig.from_file(args.config, args.overrides)
     except (ValueError, TypeError, FileNotFoundError) as err:
-        print(f"error: invalid training config: {err}", file=sys.stderr)
+        print(redact(f"error: invalid training config: {err}"), file=sys.stderr)
         return 2
     from mlmclm.train.checkpoint import CheckpointError
     from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
+    from mlmclm.train.run_lock import RunLockedError
 
     try:
         result = pretrain(cfg)
-    except (CheckpointError, UnsafeCheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (CheckpointError, UnsafeCheckpointError, RunLockedError, ValueError) as err:  # bad input, a busy folder
+        print(redact(f"error: {err}"), file=sys.stderr)
         return 2
     import os
 

@@ -26,12 +26,14 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.api import CheckpointException
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.bounded_read import FileRefusedError, read_regular_json, read_regular_text
 from mlmclm.model.weights import unwrap
 from mlmclm.parallel import current_device
 from mlmclm.train import checkpoint_guard
 from mlmclm.train import rng_state
 from mlmclm.train import save_errors
+from mlmclm.train.adam_step_state import fit_groups_to_fused_adam, keep_step_when_loading, keeps_step_per_parameter
 from mlmclm.train.save_errors import CheckpointWriteError  # noqa: F401  (raised by save_checkpoint)
 
 checkpoint_guard.install()
@@ -131,9 +133,7 @@ def _rng_state() -> dict:
 
 
 def _write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True))   # an exclusive temporary file, then a rename
 
 
 def save_sharded(sharded: dict, directory: str | Path) -> None:
@@ -325,51 +325,6 @@ def _apply_model_state(ddp_chunks, state: dict) -> None:
                                      f"{_preview(unexpected)}")
 
 
-def keeps_step_per_parameter(torch_optimizer) -> bool:
-    """Whether the Adam step count lives in each parameter's state: torch's Adam/AdamW (our CPU path) yes; TE's and
-    apex's FusedAdam (GPU) keep it in the parameter groups, and TE's `state_dict` fails on a per-parameter `step`."""
-    return type(torch_optimizer).__module__.startswith("torch.optim")
-
-
-def _keep_step_when_loading(inner) -> None:
-    """megatron 0.19's distributed optimizer, with torch's Adam (no TE/apex: our CPU path), restores the Adam step
-    count globally but then expects it among each parameter's saved tensors too, and fails. Hand it the value it
-    has already restored. Instance-level and only where the step lives in per-parameter state."""
-    setter = getattr(inner, "_set_main_param_and_optimizer_states", None)
-    if setter is None or getattr(setter, "_keeps_step", False):
-        return
-
-    def set_states(model_param, tensors):
-        group, order = inner.model_param_group_index_map[model_param]
-        step = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]].get("step")
-        if isinstance(step, torch.Tensor) and "step" not in tensors:
-            tensors = {**tensors, "step": step.clone()}
-        return setter(model_param, tensors)
-
-    set_states._keeps_step = True
-    inner._set_main_param_and_optimizer_states = set_states
-
-
-def _fit_groups_to_fused_adam(torch_optimizer, path: Path) -> None:
-    """Make parameter groups loaded from a torch-AdamW checkpoint (CPU, or a GPU image without TE) usable by TE's or
-    apex's FusedAdam, which megatron builds where TE/apex import. megatron restores the saved groups as they were:
-    - the Adam step: FusedAdam keeps it in each group as an int (TE's kernel takes a C int and raises a TypeError
-      for anything else); torch's is stored there as a float, 3.0 (megatron reads it from torch's per-parameter
-      step tensors). Cast; a fractional or negative step comes from no Adam and is refused;
-    - FusedAdam's own hyperparameters (`bias_correction`), which torch's groups lack: its step reads them, so a
-      missing one raises KeyError. Taken from this optimizer's defaults, as a group added to it would be."""
-    for group in torch_optimizer.param_groups:
-        for key, value in torch_optimizer.defaults.items():
-            group.setdefault(key, value)
-        step = group.get("step")
-        if step is None or (isinstance(step, int) and not isinstance(step, bool)):
-            continue
-        value = float(step)
-        if not value.is_integer() or value < 0:
-            raise CheckpointError(f"{path}: the optimizer's Adam step {step!r} is not a whole number")
-        group["step"] = int(value)
-
-
 def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
     """Resume: model, optimizer, scheduler and (same layout only) RNG states. Returns the saved train state."""
     sharded = model_sharded_state_dict(ddp_chunks)
@@ -381,7 +336,7 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
             # TE's FusedAdam: an H200 run found its state_dict raising KeyError 'step' on every resume.)
             for param_state in inner.optimizer.state.values():
                 param_state.setdefault("step", torch.tensor(0.0))
-            _keep_step_when_loading(inner)
+            keep_step_when_loading(inner)
     sharded["optimizer"] = optimizer.sharded_state_dict(sharded, is_loading=True, metadata=_SHARDING)
     state = _load_strict(sharded, path, model_only=False)
     _apply_model_state(ddp_chunks, state)
@@ -393,7 +348,10 @@ def load_full_state(path: Path, ddp_chunks, optimizer, scheduler) -> dict:
             if isinstance(param_state.get("step"), torch.Tensor):
                 param_state["step"] = param_state["step"].clone()
         if not keeps_step_per_parameter(inner.optimizer):
-            _fit_groups_to_fused_adam(inner.optimizer, path)
+            try:
+                fit_groups_to_fused_adam(inner.optimizer)
+            except ValueError as err:
+                raise CheckpointError(f"{path}: {err}") from None
     train_state = read_json(path, TRAIN_STATE)
     scheduler.load_state_dict(train_state["scheduler"])
     rng_file = Path(path) / "rng" / f"{_rank_tag()}.pt"

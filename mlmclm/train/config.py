@@ -98,6 +98,8 @@ class CheckpointConfig:
     branch_step: int | None = None
     keep_steps: list[int] = field(default_factory=list)  # also save at these steps, never pruned (children's branches)
     stop_at: int | None = None  # end this job after saving at this step (a segment); a resume continues the run
+    # Train in a run_dir that is not empty and holds no run of ours (mlmclm.train.run_lock.check_run_dir_is_ours).
+    allow_foreign_run_dir: bool = False
 
     def __post_init__(self):
         if (self.branch_from is None) != (self.branch_step is None):

@@ -4,13 +4,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.train.phase_data import PhaseLoaders
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
@@ -18,6 +18,7 @@ from mlmclm.model.document_attention import attention_layout, check_local_packed
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
+from mlmclm.redact import redact, redact_tree
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
 from mlmclm.train.config import TrainConfig
@@ -25,7 +26,7 @@ from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.logger import MetricsLogger
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
 from mlmclm.train.resume_check import check_resume_compatible, check_rope_in_force, check_same_shape
-from mlmclm.train.run_lock import RunLock, RunLockedError, remove_staging_leftovers
+from mlmclm.train.run_lock import RunLock, RunLockedError, check_run_dir_is_ours, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
 from mlmclm.train.validation import Validator, validation_path
@@ -132,9 +133,7 @@ STATUS_FILE = "run_status.json"  # rank 0's last word on the run: completed, pre
 def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = "") -> None:
     path = Path(cfg.run_dir) / STATUS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps({"status": status, "step": step, "detail": detail}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"status": status, "step": step, "detail": redact(detail)}))
 
 
 def _write_failure_status(cfg: TrainConfig, err: Exception, step: int | None) -> None:
@@ -173,6 +172,7 @@ def _take_run_lock(cfg: TrainConfig, rank0: bool) -> RunLock | None:
     lock, error = None, None
     if rank0:
         try:
+            check_run_dir_is_ours(cfg.run_dir, cfg.checkpoint.allow_foreign_run_dir)
             lock = RunLock(cfg.checkpoint_dir)
             for name in remove_staging_leftovers(cfg.checkpoint_dir):
                 log.info("removed %s, left by a save that did not finish", name)
@@ -273,7 +273,7 @@ class _Run:
                 "max_position_embeddings": self.phase_models[phase_index].max_position_embeddings}
 
     def _save(self, phase_index: int, keep: bool) -> None:
-        run_config = self.cfg.to_dict()
+        run_config = redact_tree(self.cfg.to_dict())   # no credential of a data location in any checkpoint
         # Stop before writing when another checkpoint of the last one's size no longer fits (CheckpointWriteError).
         ckpt.check_room(self.cfg.checkpoint_dir, self.iteration, ckpt.last_complete(self.cfg.checkpoint_dir))
         # A preemption signal arriving now is handled after the save (signals.py); the parameters of the last
@@ -295,7 +295,7 @@ class _Run:
             _rewind_metrics(Path(cfg.run_dir) / "metrics.jsonl", self.iteration)
         peak = _peak_tflops(cfg)
         logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
-                               self.rank0, cfg.to_dict(), [p.name for p in cfg.phases],
+                               self.rank0, redact_tree(cfg.to_dict()), [p.name for p in cfg.phases],
                                metrics_file=Path(cfg.run_dir) / "metrics.jsonl", mfu=peak is not None,
                                run_name=cfg.tensorboard_run_name)
         final_losses: dict[str, float] = {}
@@ -455,9 +455,7 @@ def _rewind_metrics(path: Path, step: int) -> None:
     rows = path.read_text().splitlines(keepends=True)
     kept = [row for row in rows if _row_step(row) is not None and _row_step(row) <= step]
     if len(kept) != len(rows):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(kept))
 
 
 def _row_step(row: str) -> int | None:

@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".writer.lock"
@@ -23,6 +25,42 @@ STALE_AFTER_S = 900  # no step in 15 min (longer than any save we have measured)
 
 class RunLockedError(RuntimeError):
     pass
+
+
+class ForeignRunDirError(RunLockedError):
+    """The run directory is not empty and holds no run of ours: training would write among someone else's files."""
+
+
+def _first_names(path: Path, count: int = 1000) -> list[str]:
+    """Up to `count` names in the folder `path` (enough to judge and show it, however large it is)."""
+    with os.scandir(path) as entries:
+        return [entry.name for _, entry in zip(range(count), entries)]
+
+
+def _is_our_checkpoint_dir(path: Path) -> bool:
+    """A checkpoint folder as our runs leave it: empty, or holding our lock, pointer or iteration folders. A run
+    of ours has one from its first moment (rank 0 takes the lock there before anything else is written)."""
+    if not path.is_dir():
+        return False
+    names = _first_names(path)
+    return not names or any(name in (LOCK_FILE, "latest_checkpointed_iteration.txt")
+                            or name.startswith(("iter_", ".staging_iter_")) for name in names)
+
+
+def check_run_dir_is_ours(run_dir: str | Path, allowed: bool = False) -> None:
+    """Refuse a run directory that exists, is not empty and holds no run of ours (unless `allowed`): a mistyped
+    run_dir pointing at a home, data or another tool's folder would get checkpoints written among its files and its
+    `metrics.jsonl` (another tool's, maybe) rewritten."""
+    path = Path(run_dir)
+    if allowed or not path.is_dir():
+        return
+    names = sorted(_first_names(path))
+    if names and not _is_our_checkpoint_dir(path / "checkpoints"):
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ForeignRunDirError(
+            f"run_dir {path} is not empty ({shown}) and holds no run of ours (no checkpoints/ folder of ours): "
+            f"refusing to train among someone else's files; choose a new or empty directory, or set "
+            f"checkpoint.allow_foreign_run_dir=true to train there anyway")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -68,9 +106,7 @@ class RunLock:
                     f"{held.get('pid')}, Slurm job {held.get('slurm_job')}); stop it first, or delete {self.path} "
                     f"if you know it is gone")
             log.info("taking over a stale lock on %s: %s", self.path.parent, reason)
-        tmp = self.path.with_name(LOCK_FILE + f".{os.getpid()}")
-        tmp.write_text(json.dumps(_holder()))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(_holder()))
 
     def touch(self) -> None:
         os.utime(self.path)

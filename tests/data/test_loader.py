@@ -114,15 +114,15 @@ def _copy(dataset, tmp_path):
 
 
 def test_a_shard_the_os_cannot_read_is_named_with_the_oss_words(dataset, tmp_path):
-    """An I/O error while loading (here a missing file, then a directory where the shard should be) names the shard
-    and carries the OS's own message, as a failed save does (issue 35)."""
+    """An I/O error while loading (here a missing file) names the shard and carries the OS's own message, as a failed
+    save does (issue 35); a directory where the shard should be is refused naming what it is (issue 44)."""
     out, m = _copy(dataset, tmp_path)
     path = out / m.shards[PackedLoader(LoaderConfig(str(out), 16, 16))._order(0)[0][0]].name
     path.unlink()
     with pytest.raises(ShardError, match=rf"{path.name}: unreadable.*No such file or directory"):
         PackedLoader(LoaderConfig(str(out), 16, 16)).next_global_batch()
     path.mkdir()
-    with pytest.raises(ShardError, match=rf"{path.name}: unreadable.*Is a directory"):
+    with pytest.raises(ShardError, match=rf"{path.name}: refusing to read this shard: it is a directory"):
         PackedLoader(LoaderConfig(str(out), 16, 16)).next_global_batch()
 
 
@@ -255,3 +255,53 @@ def test_corrupt_shard_found_on_first_read_with_cache(dataset, tmp_path):
     with pytest.raises(ShardError, match=f"{name}.*checksum"):
         for _ in range(int(ends[1] - ends[0]) // 16 + 1):
             loader.next_global_batch()
+
+
+def _plant_token(out, m, shard: int, row: int, col: int, token: int):
+    """Rewrite shard `shard` of the dataset copy `out` with one id replaced, its manifest entry updated to match
+    (counts and checksum consistent): only the id range tells it apart."""
+    from mlmclm.data.shards import read_shard_starts, write_shard
+
+    info = m.shards[shard]
+    tokens, starts = read_shard_starts(str(out / info.name), info, m.seq_length, m.tokenizer["pad_id"], m.dtype)
+    tokens = np.array(tokens, dtype=np.int32 if token < 0 else tokens.dtype)
+    tokens[row, col] = token
+    new = write_shard(out / info.name, [(tokens, np.array(starts))], m.tokenizer["pad_id"],
+                      "int32" if token < 0 else m.dtype)
+    m.shards[shard] = new
+    if token < 0:
+        m.dtype = "int32"
+    m.save(out)
+    return info.name
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_naming_shard_and_id(dataset, tmp_path, caplog):
+    """A shard whose counts and checksum agree with its manifest but holds an id >= vocab_size: the old loader
+    handed it out (it failed only in the embedding, on every rank). Now a ShardError naming the shard, the id and
+    its place; skip_corrupt skips it like any other corrupt shard."""
+    out, m = _copy(dataset, tmp_path)
+    first = PackedLoader(LoaderConfig(str(out), 16, 16))._order(0)[0][0]
+    vocab = m.tokenizer["vocab_size"]
+    name = _plant_token(out, m, first, 3, 5, vocab + 7)
+    with pytest.raises(ShardError, match=rf"{name}: token id {vocab + 7} \(row 3, column 5\) is outside the "
+                                         rf"vocabulary \[0, {vocab}\)"):
+        PackedLoader(LoaderConfig(str(out), 16, 16)).next_global_batch()
+    with caplog.at_level(logging.WARNING, logger="mlmclm.data.loader"):
+        loader = PackedLoader(LoaderConfig(str(out), 16, 16, skip_corrupt=True))
+        batches = [loader.next_global_batch()[0]["tokens"] for _ in range(m.num_samples // 16)]
+    assert loader.skipped_shards == [name]
+    assert any(name in r.message and f"token id {vocab + 7}" in r.message for r in caplog.records)
+    assert int(torch.cat(batches).max()) < vocab
+
+    out2, m2 = _copy(dataset, tmp_path / "negative")       # int32 data: a negative id too
+    name = _plant_token(out2, m2, first, 0, 0, -2)
+    with pytest.raises(ShardError, match=rf"{name}: token id -2 \(row 0, column 0\) is outside"):
+        PackedLoader(LoaderConfig(str(out2), 16, 16)).next_global_batch()
+
+
+def test_a_manifest_without_a_vocabulary_size_is_refused(dataset, tmp_path):
+    out, m = _copy(dataset, tmp_path)
+    m.tokenizer.pop("vocab_size")
+    m.save(out)
+    with pytest.raises(ValueError, match="tokenizer.vocab_size None is not a positive integer"):
+        PackedLoader(LoaderConfig(str(out), 16, 16))

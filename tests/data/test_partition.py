@@ -1,5 +1,7 @@
 import json
+import os
 import shutil
+import zipfile
 
 import pytest
 from data_fixtures import write_jsonl
@@ -63,6 +65,7 @@ def test_three_partitions_merged_hold_exactly_the_rows_of_one_run(prepared, tok_
     assert one.shards == default.shards
 
 
+@pytest.mark.timeout(180)
 def test_merge_refuses_mismatched_or_damaged_parts(prepared, tmp_path, tok_dir, docs, capsys):
     root, inputs, _, _ = prepared
     work = tmp_path / "work"
@@ -104,6 +107,18 @@ def test_merge_refuses_mismatched_or_damaged_parts(prepared, tmp_path, tok_dir, 
     (part1 / "manifest.json").write_text(json.dumps(m))
     refused("part-00001-of-00003.*tails.npz does not match")
     shutil.copy(saved / "manifest.json", part1 / "manifest.json")
+    # Tails that are a FIFO (the old merge blocked on it), or a small file that unpacks to far more than its
+    # manifest counts (a compressed member of 64 MiB: the old merge decompressed it whole).
+    tails = part1 / "tails.npz"
+    tails.unlink()
+    os.mkfifo(tails)
+    refused(f"part-00001-of-00003.*{tails}: refusing to read this tails file: it is a FIFO")
+    tails.unlink()
+    with zipfile.ZipFile(tails, "w", zipfile.ZIP_DEFLATED) as bomb:
+        bomb.writestr("tokens.npy", bytes(64 << 20))
+    assert tails.stat().st_size < 1 << 20
+    refused(f"{tails}: refusing to read this tails file: its arrays unpack to 67108864 bytes, more than the")
+    shutil.copy(saved / "tails.npz", tails)
     # A missing part.
     refused(r"missing \[1\]", [work / "part-00000-of-00003", work / "part-00002-of-00003"])
     # Not a part at all.

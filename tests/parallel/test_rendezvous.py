@@ -13,11 +13,19 @@ from mlmclm.parallel.launch import spawn
 GROUPS = 3
 
 
+def _listening() -> list[str]:
+    """The addresses this process's TCP sockets listen on (the OS's own view, as `ss -ltn` shows it)."""
+    import psutil
+
+    return sorted({conn.laddr.ip for conn in psutil.Process().net_connections("tcp") if conn.status == "LISTEN"})
+
+
 def _start_groups(report_dir):
-    ports, sums = [], []
+    ports, sums, listening = [], [], []
     for group in range(GROUPS):
         init_parallel(ParallelConfig(), timeout_minutes=1)  # on failure: an error within a minute, not a hang
         ports.append(int(os.environ["MASTER_PORT"]))
+        listening += _listening()
         value = torch.tensor([float(dist.get_rank() + 1 + 10 * group)])
         dist.all_reduce(value)
         sums.append(value.item())
@@ -25,7 +33,7 @@ def _start_groups(report_dir):
             time.sleep(1.0)  # rank 1 is done with this group long before rank 0 tears it down
         destroy_parallel()
     with open(os.path.join(report_dir, f"rank{os.environ['RANK']}.json"), "w") as out:
-        json.dump({"ports": ports, "sums": sums}, out)
+        json.dump({"ports": ports, "sums": sums, "listening": sorted(set(listening))}, out)
 
 
 def test_each_group_rendezvous_on_a_port_of_its_own(tmp_path):
@@ -35,3 +43,23 @@ def test_each_group_rendezvous_on_a_port_of_its_own(tmp_path):
     assert len(set(reports[0]["ports"])) == GROUPS, reports[0]["ports"]
     for report in reports:
         assert report["sums"] == [3.0 + 20 * group for group in range(GROUPS)]
+
+
+def test_local_stores_listen_on_loopback_only(tmp_path):
+    """The side store of launch.spawn (used by convert_from_hf and convert_to_hf --verify) and each process group's
+    store: torch's server listened on every interface ('::', unauthenticated); now their sockets are bound to
+    127.0.0.1, as the ranks' own gloo sockets are. A single process (no torchrun) likewise."""
+    import subprocess
+    import sys
+
+    spawn(_start_groups, 2, str(tmp_path))
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["listening"] and set(report["listening"]) <= {"127.0.0.1"}, (rank, report["listening"])
+    single = subprocess.run(
+        [sys.executable, "-c", "import json, sys; sys.path.insert(0, 'tests/parallel'); import test_rendezvous as t; "
+         "from mlmclm.parallel import ParallelConfig, init_parallel; init_parallel(ParallelConfig()); "
+         "print(json.dumps(t._listening()))"],
+        capture_output=True, text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert json.loads(single.stdout.splitlines()[-1]) == ["127.0.0.1"]

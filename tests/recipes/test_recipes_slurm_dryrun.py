@@ -138,3 +138,18 @@ def test_bare_metal_dryrun_says_its_mode_and_prints_the_sbatch_verbatim(nemo_hom
                      override]) == 2
         err = capsys.readouterr().err
         assert f"error: {name} " in err and "MLMCLM_SHARED_DIRS" in err, err
+
+
+def test_a_dry_run_prints_no_credential_of_the_data_location(nemo_home, tmp_path, capsys):
+    """The plan names the data location (and the local executor's environment): a presigned URL's signature, a
+    URL's user-info or an Authorization header are shown as <redacted>; the serialised task keeps the real value
+    (the job needs it). The old plan printed them verbatim."""
+    secret = "s3cr3t-V4lue"
+    location = f"https://alice:{secret}@data.example.com/fw/manifest.json?X-Amz-Signature={secret}"
+    rc = main(["tiny_clm_mlm", f"data_path={location}", f"run_dir={tmp_path / 'run'}", "--dryrun"])
+    assert rc == 0
+    out = capsys.readouterr()
+    assert secret not in out.out + out.err
+    assert "https://<redacted>@data.example.com/fw/manifest.json?X-Amz-Signature=<redacted>" in out.out
+    (serialised,) = Path(nemo_home).rglob("configs/tiny_clm_mlm_fn_or_script")
+    assert fdl.build(ZlibJSONSerializer().deserialize(serialised.read_text()).config).data.path == location

@@ -91,3 +91,91 @@ def test_a_recursive_yaml_alias_and_a_fifo_config_are_refused(tmp_path):
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
+    """A manifest whose mask_id lies outside its vocabulary, validation off and no tokenizer named: the old run
+    trained its CLM phase (and saved) and failed only when the MLM phase began. Now refused before step 1, exit 2,
+    one line naming the manifest and the field; nothing written in the run directory. The other special ids too."""
+    data = tmp_path / "data"
+    sc.make_data(data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    vocab = manifest["tokenizer"]["vocab_size"]
+    for role, value in (("mask_id", vocab + 5), ("pad_id", -1), ("bos_id", vocab)):
+        bad = dict(manifest, tokenizer=dict(manifest["tokenizer"], **{role: value}))
+        (data / "manifest.json").write_text(json.dumps(bad))
+        cfg = sc.config(tmp_path / "run", data, tp=1)
+        cfg["data"].pop("tokenizer")
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps(cfg))
+        proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config)], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert (f"error: {data / 'manifest.json'}: tokenizer.{role} {value} is outside the vocabulary [0, {vocab})"
+                in proc.stderr), proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_non_empty_folder_that_holds_no_run_of_ours_is_refused(tmp_path):
+    """run_dir pointing at someone else's folder (here one with its own metrics.jsonl): the old code trained there,
+    wrote checkpoints among its files and rewrote its metrics.jsonl. Now exit 2 naming the folder and the field that
+    allows it, nothing written; with checkpoint.allow_foreign_run_dir=true it trains there."""
+    data = sc.make_data(tmp_path / "data")
+    foreign = tmp_path / "someone"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine\n")
+    (foreign / "metrics.jsonl").write_text('{"step": 99, "theirs": true}\n')
+    before = {p.name: p.read_bytes() for p in foreign.iterdir()}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(sc.config(foreign, data, tp=1)))
+    short = ["total_steps=3", "phases.0.steps=1", "phases.1.steps=2", "schedule.style=constant"]
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (f"error: run_dir {foreign} is not empty (metrics.jsonl, notes.txt) and holds no run of ours"
+            in proc.stderr and "checkpoint.allow_foreign_run_dir=true" in proc.stderr), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in foreign.iterdir()} == before
+    allowed = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short,
+                              "checkpoint.allow_foreign_run_dir=true"], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=300)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert (foreign / "notes.txt").read_text() == "mine\n" and (foreign / "checkpoints").is_dir()
+
+
+def test_a_credential_in_the_data_location_is_used_but_never_recorded(tmp_path):
+    """data.path carries a secret (an HF token set for the pipe's command): the run reads its data with it, and no
+    file of the run (every checkpoint's run_config.json, TensorBoard's config text, metrics, run_status.json) nor
+    its console holds it; the old code copied it into all of them. A run that fails prints and records the
+    location redacted too."""
+    token = "hf_" + "Zq7" * 10
+    data = sc.make_data(tmp_path / "data")
+    cfg = sc.config(tmp_path / "run", f"pipe:HF_TOKEN={token} cat {data}/manifest.json", tp=1)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    short = ["total_steps=3", "phases.0.steps=1", "phases.1.steps=2", "schedule.style=constant"]
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert any(p.name == "run_config.json" for p in written) and any("tfevents" in p.name for p in written)
+    assert [p for p in written if token.encode() in p.read_bytes()] == []
+    assert token not in proc.stdout + proc.stderr
+    saved = json.loads(next(p for p in written if p.name == "run_config.json").read_text())
+    assert saved["data"]["path"] == f"pipe:HF_TOKEN=<redacted> cat {data}/manifest.json"
+    assert any(b"HF_TOKEN=<redacted>" in p.read_bytes() for p in written if "tfevents" in p.name)
+    # the same command again resumes from the checkpoint whose recorded location is redacted (a location may move)
+    again = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "resumed" in again.stderr, again.stderr[-3000:]
+
+    cfg = sc.config(tmp_path / "failed", f"pipe:HF_TOKEN={token} cat {tmp_path}/nowhere/manifest.json", tp=1)
+    config.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "mlmclm.train", str(config), *short], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "error: cannot read dataset manifest pipe:HF_TOKEN=<redacted> cat" in proc.stderr
+    assert token not in proc.stdout + proc.stderr
+    status = (tmp_path / "failed" / "run_status.json").read_text()
+    assert "HF_TOKEN=<redacted>" in status and token not in status

@@ -1,0 +1,53 @@
+"""Reading a dataset's files from wherever its location says, with a bound on what is read.
+
+A dataset location is a local path, an `http(s)://` URL or a `pipe:` command (webdataset's `gopen`, which runs
+`curl` for URLs). What comes back is someone else's: a manifest that is `/dev/zero` or an endless response, a shard
+far larger than its manifest says (600 MB read whole for a shard said to hold 8 rows of 16 tokens), a FIFO that
+blocks the rank until the NCCL timeout. So a local file must be a regular file within the bound, and a stream is
+read only up to the bound: one byte more and the reader stops, kills the command or `curl` (no waiting for an
+endless producer to finish) and refuses, naming the location and the bound.
+
+The bounds: `MANIFEST_LIMIT` for a manifest (a fixed cap: 64 MiB is ~500,000 shards' entries), and for a shard
+`shard_limit` — what its manifest entry says it holds, plus a margin for the tar and .npy headers.
+"""
+from __future__ import annotations
+
+from mlmclm.bounded_read import read_limited
+
+MANIFEST_LIMIT = 64 * 1024 * 1024
+# Per stored block (at most one per row): two tar headers, their padding and two .npy headers.
+_BLOCK_OVERHEAD = 2 * (512 + 511 + 4096)
+_SHARD_SLACK = 1 << 20   # the tar's end-of-archive records and anything else fixed
+
+
+def shard_limit(num_samples: int, seq_length: int, token_bytes: int = 4) -> int:
+    """The most bytes a shard of `num_samples` rows of `seq_length` tokens can take as `write_shard` stores it:
+    the tokens, at most one int64 document start per token, and the headers of at most one block per row."""
+    rows = max(int(num_samples), 0)
+    return rows * seq_length * (token_bytes + 8) + rows * _BLOCK_OVERHEAD + _SHARD_SLACK
+
+
+def read_stream(location: str, limit: int, what: str) -> bytes:
+    """At most `limit` bytes from a URL or `pipe:` command (FileRefusedError past it). The producer is killed when
+    the bound is reached or the read fails; when it ends by itself its exit status is checked (an OSError)."""
+    from webdataset.gopen import gopen
+
+    stream = gopen(location, "rb")
+    try:
+        data = read_limited(stream, limit, location, what)
+    except BaseException:
+        _abandon(stream)
+        raise
+    stream.close()   # waits for the command (it has ended: its output did) and raises on a failed exit status
+    return data
+
+
+def _abandon(stream) -> None:
+    """Stop reading `stream` at once: kill its producer (a `gopen` Pipe's process) rather than wait for it."""
+    process = getattr(stream, "proc", None)
+    if process is not None:
+        process.kill()
+        process.wait()
+        stream.stream.close()   # the Pipe's own close now finds it closed and waits for nothing
+    else:
+        stream.close()

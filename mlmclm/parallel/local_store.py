@@ -1,0 +1,49 @@
+"""TCP stores for processes on this host only, listening on the loopback interface.
+
+torch's `TCPStore` server listens on every interface (`::`, whatever host name it is given), unauthenticated: any
+host that reaches the port may read or set keys while a local job runs (the side store of `launch.spawn`, used by
+`convert_from_hf` and `convert_to_hf --verify`; the process group's store of a single process or a spawned job).
+Where every rank is on this host (the store's address is a loopback one) the server here listens on a socket
+bound to 127.0.0.1 (`master_listen_fd`, which the store then owns and closes). Multi-node jobs (torchrun, Slurm)
+keep torch's own stores: other hosts must reach them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def is_loopback(host: str | None) -> bool:
+    return host in LOOPBACK_HOSTS or str(host).startswith("127.")
+
+
+def loopback_store(port: int, world_size: int, is_master: bool, timeout: timedelta, wait_for_workers: bool = True):
+    """A TCPStore at 127.0.0.1:`port`; its server (`is_master`) listens on 127.0.0.1 only."""
+    import torch.distributed as dist
+
+    if not is_master:
+        return dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(max(128, world_size))
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=wait_for_workers, master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()   # the store's server owns the descriptor now (and closes it when it ends)
+    return store
+
+
+def process_group_store(timeout: timedelta):
+    """The store `init_process_group` would make from MASTER_ADDR/MASTER_PORT, bound to loopback, or None where
+    torch's own must be used (another host's address, or torchrun's agent store)."""
+    if not is_loopback(os.environ.get("MASTER_ADDR")) or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return None
+    return loopback_store(int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          os.environ["RANK"] == "0", timeout)
