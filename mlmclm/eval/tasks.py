@@ -23,7 +23,14 @@ SPLITS = ("train", "validation", "test")
 MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1", "qa": "f1",
                "retrieval": "ndcg@10"}
 # Other main metrics a task may choose (TaskSpec.metric); every run reports all of its family's metrics.
-OTHER_METRICS = {"token_classification": ("sentence_macro_f1",)}
+OTHER_METRICS = {"token_classification": ("sentence_macro_f1",), "qa": ("encodeval_f1",),
+                 "retrieval": ("encodeval_ndcg@10",)}
+# "standard": the inputs, heads and scores above (MAIN_METRIC: what everyone else reports); "encodeval": EncodEval's
+# (encodeval_inputs.py, encodeval_heads.py, encodeval_scores.py), scored by ENCODEVAL_METRIC — the paper suite's,
+# whose runs also report the family's standard metric beside it.
+RULES = ("standard", "encodeval")
+ENCODEVAL_METRIC = {"classification": "accuracy", "token_classification": "sentence_macro_f1", "qa": "encodeval_f1",
+                    "retrieval": "encodeval_ndcg@10"}
 TOKEN_LABELS = ("first", "every")  # label each word's first sub-token, or all of them (EncodEval)
 # "given": the source's splits, missing ones derived; "paper": validation = 5 % of train, test = the official
 # validation; "official": every split from its own file, none derived (BEIR-style retrieval sets: validation = dev
@@ -71,6 +78,7 @@ class TaskSpec:
     # sub-tokens and predicts the majority over them (EncodEval)
     token_labels: str = "first"
     metric: str | None = None  # the main metric when not the family's (MAIN_METRIC), e.g. "sentence_macro_f1"
+    rules: str = "standard"  # a value of RULES: whose inputs, heads and scores the task is run with
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -101,6 +109,13 @@ class TaskSpec:
         if self.metric is not None and self.metric not in allowed:
             raise ValueError(f"task {self.name!r}: metric must be one of {allowed} for {self.family}, "
                              f"got {self.metric!r}")
+        if self.rules not in RULES:
+            raise ValueError(f"task {self.name!r}: rules must be one of {RULES}, got {self.rules!r}")
+        if self.metric is not None and self.metric.startswith("encodeval_") and self.rules != "encodeval":
+            raise ValueError(f"task {self.name!r}: metric {self.metric!r} is computed under rules 'encodeval' only")
+        if self.rules == "encodeval" and self.family == "token_classification" and self.token_labels != "every":
+            raise ValueError(f"task {self.name!r}: EncodEval labels every sub-token: rules 'encodeval' needs "
+                             f"token_labels 'every'")
         if self.extra_tests and self.family != "retrieval":
             raise ValueError(f"task {self.name!r}: extra_tests is for retrieval tasks only")
         unknown = set(self.split_names) - set(SPLITS)

@@ -1,5 +1,6 @@
 """The paper suite read as EncodEval reads it (hgissbkh/EncodEval, branch MLM_vs_CLM: encodeval/datasets.py,
-configs/, eval_tasks/token_classification_eval.py): its repositories in their hub layout (fixtures of a few rows,
+configs/; its evaluator files, absent from that branch's stored copy, read in rimads/avey-b EncodEval/encodeval/
+eval_tasks/): its repositories in their hub layout (fixtures of a few rows,
 tests/eval/hub_fixtures.py), fetched for offline use, and every protocol rule the issue lists — each test names the
 rule and fails on the code before it (our-schema folders, 5 % TC validation, text-keyed corpora, "O"+sorted tags)."""
 import json
@@ -38,8 +39,8 @@ def test_token_classification_uses_each_datasets_own_train_validation_and_test(p
 
 
 def test_token_tags_are_the_datasets_own_ids_and_ties_fall_to_the_smaller_one(paper_root):
-    # token_classification_eval.py: label_list = features["tags"].feature.names (the dataset's ids), and the vote
-    # max(set(preds), key=preds.count) returns the smallest tied id
+    # rimads/avey-b EncodEval/encodeval/eval_tasks/TC.py: the labels are the dataset's integer tags (its ClassLabel
+    # ids) as they are, and the vote max(set(preds), key=preds.count) returns the smallest tied id
     conll, ontonotes = (load_task(paper_task(t, paper_root)) for t in ("conll2003", "ontonotes5"))
     assert conll.labels == CONLL_TAGS and ontonotes.labels == ONTONOTES_TAGS  # 37, unseen ones included
     assert conll.labels != ["O"] + sorted(set(CONLL_TAGS) - {"O"})
