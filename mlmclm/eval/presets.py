@@ -42,7 +42,8 @@ PAPER_TASKS: dict[str, dict] = {
     "mnli": dict(family="classification", split_names={"test": "validation_matched"},
                  pair_template="Premise: {text}\nHypothesis: {text_pair}"),
     "qqp": dict(family="classification", pair_template="Question 1: {text}\nQuestion 2: {text_pair}"),
-    "conll2003": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
+    # hgissbkh/conll2003-en carries the original IOB1 tags (tags.py)
+    "conll2003": dict(family="token_classification", tag_scheme="IOB1", **_ENCODEVAL_TC, **_OWN_SPLITS),
     "ontonotes5": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
     "uner_en": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
     "squad": dict(family="qa"),
@@ -78,7 +79,8 @@ def paper_task(name: str, data_root: Path | None = None, allow_other_revisions: 
                   max_length=None, split_names=entry.get("split_names", {}),
                   query_prefix=entry.get("query_prefix", ""), document_prefix=entry.get("document_prefix", ""),
                   pair_template=entry.get("pair_template"), token_labels=entry.get("token_labels", "first"),
-                  source=name, path=path, allow_other_revisions=allow_other_revisions,
+                  tag_scheme=entry.get("tag_scheme", "IOB2"), source=name, path=path,
+                  allow_other_revisions=allow_other_revisions,
                   rules="encodeval", metric=ENCODEVAL_METRIC[entry["family"]])
     extra = {t: {"source": t, "path": path, "split_protocol": protocol,
                  "allow_other_revisions": allow_other_revisions}

@@ -38,6 +38,9 @@ CUSTOM_MIN_STEPS = 100
 SEEDED_HALVES_NOTE = ("validation / test = halves of the test queries drawn with seed {seed} (splits.py); EncodEval "
                       "draws its NQ halves unseeded, so these are not its halves")
 FEW_STEPS = 50
+# TaskSpec fields added after runs were recorded, with their defaults: a spec at these defaults fingerprints as
+# before them, so finished runs of standard tasks are not re-run.
+_LATER_FIELDS = {"rules": "standard", "tag_scheme": "IOB2"}
 
 
 @dataclass(frozen=True)
@@ -153,8 +156,9 @@ def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> 
     """Changes when anything that affects the result changes — the model files' *content* included, so a
     re-export into the same directory is never mistaken for the model that was evaluated."""
     fields = asdict(spec)
-    if fields["rules"] == "standard":  # a field added later: standard tasks keep the fingerprints they had
-        del fields["rules"]
+    for name, default in _LATER_FIELDS.items():  # at their defaults, later fields leave fingerprints as they were
+        if fields[name] == default:
+            del fields[name]
     payload = json.dumps({"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)},
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
