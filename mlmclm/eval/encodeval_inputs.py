@@ -21,7 +21,8 @@ def encodeval_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     """The model's fast tokenizer with its special tokens taken from the model's config, as abstract_eval.py
     (EvalConfig.__post_init__) copies `bos/eos/pad/mask_token_id` from the model config onto the tokenizer (the
     config wins where they differ); no pad token: the EOS pads. An EOS token is required (every input ends with
-    it); EncodEval would fall back to the unknown token, which would train on a wrong marker."""
+    it): the stored branch's abstract_eval.py has no fallback either (avey-b's copy falls back to the unknown
+    token, which would train on a wrong marker)."""
     tokenizer = load_tokenizer(model_dir)
     config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id"):
