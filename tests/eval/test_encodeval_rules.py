@@ -53,9 +53,9 @@ def test_sc_tc_and_ir_training_inputs_are_text_plus_eos_without_bos(model_dir, p
     assert feature["input_ids"] == tokenizer(row["text"] + "<|end_of_text|>", add_special_tokens=False)["input_ids"]
     assert feature["input_ids"][0] != bos and feature["input_ids"][-1] == eos
     assert tokenizer(row["text"])["input_ids"][0] == bos  # what the standard path feeds: BOS first
-    assert text_inputs(tokenizer, ["alice is red"], 3)["input_ids"] == [tokenizer("alice is red",
-                                                                                  add_special_tokens=False)[
-        "input_ids"]]  # cut at max_length: the EOS goes first, as EncodEval's truncation=True cuts it
+    # cut at max_length, the EOS goes first, as EncodEval's truncation=True cuts it
+    plain = tokenizer("alice is red", add_special_tokens=False)["input_ids"]
+    assert text_inputs(tokenizer, ["alice is red"], 3)["input_ids"] == [plain]
 
     rows = [{"tokens": ["alice", "lives", "in", "paris"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
     ids = {"O": 0, "B-PER": 1, "B-LOC": 2}
@@ -101,8 +101,9 @@ def test_sequence_head_is_pool_dense_gelu_classifier(model_dir, tmp_path):
     torch.manual_seed(0)
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 3, 3]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    for pooling, config in (("mean", {}), ("mean", {"classifier_pooling": "late"}), ("eos", {"classifier_pooling": "eos"})):
-        head = EncodEvalSequenceClassifier(_variant(model_dir, tmp_path / pooling / str(len(config)), **config), 3)
+    cases = (("mean", {}), ("mean", {"classifier_pooling": "late"}), ("eos", {"classifier_pooling": "eos"}))
+    for index, (pooling, config) in enumerate(cases):
+        head = EncodEvalSequenceClassifier(_variant(model_dir, tmp_path / str(index), **config), 3)
         assert head.pooling == pooling
         hidden = head.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         pooled = ((hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True) if pooling == "mean"
