@@ -168,10 +168,12 @@ def test_list_shows_sources_splits_budgets_and_steps_without_downloading(paper_r
     assert "data/test-*.parquet" in block("conll2003")[3] and "data/validation-*" in block("conll2003")[2]
     assert block("ontonotes5")[0].endswith("1000 steps")
     assert "@unpinned" in text and "eriktks" not in text and "aps/super_glue" not in text
-    assert "11 fine-tuned tasks x 6 LRs x 5 seeds = 330 runs, 240,000 + the epochs of conll2003" in text
+    # 8000 steps of one model per grid point, plus 3000 of the QA span models beside the QA taggers (issue 45)
+    assert "11 fine-tuned tasks x 6 LRs x 5 seeds = 330 runs, 330,000 + the epochs of conll2003" in text
+    assert "squad (qa): 1000 steps, x 2 models" in text
     assert evaluate(["grid", "--suite", "paper", "--list", "--data-root", str(paper_root)]) == 0
     fetched = capsys.readouterr().out
-    assert "330 runs, 240,090 optimizer steps" in fetched  # (8000 + conll 1 + uner 1 + qed ceil(15 / 32)) x 30
+    assert "330 runs, 330,120 optimizer steps" in fetched  # (11000 + conll 1 + uner 1 + qed 2 x ceil(15 / 32)) x 30
     assert f"unpinned (fetched {REVISIONS['hgissbkh/uner_en']})" in fetched
 
 
