@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Fine-tuning speed: our loop (`mlmclm.eval.training.train`, what every `tools/evaluate.py` run uses) against
 transformers' `Trainer` (what EncodEval runs), side by side in one process, on the same model (a random EuroBERT
-sequence classifier), task (fixed-length random token rows, 2 labels), batch, precision and optimiser (AdamW β (0.9,
-0.95), eps 1e-5, weight decay 0.1, 10 % warmup + linear decay, clip 1.0).
+encoder under EncodEval's sequence-classification head, `mlmclm.eval.encodeval_heads` — what `--suite paper` trains;
+`--head eurobert`: transformers' EuroBertForSequenceClassification, what custom suites train), task (fixed-length
+random token rows, 2 labels), batch, precision and optimiser (AdamW β (0.9, 0.95), eps 1e-5, weight decay 0.1, 10 %
+warmup + linear decay, clip 1.0).
 
     python benchmarks/finetune_step.py                               # hidden 256, 4 layers, seq 128, batch 32, fp32
     python benchmarks/finetune_step.py --dtype bfloat16 --rounds 5 --steps 30
@@ -22,8 +24,10 @@ import warnings
 import torch
 
 
-def build(args):
-    from transformers import EuroBertConfig, EuroBertForSequenceClassification
+def build(args, folder):
+    from transformers import EuroBertConfig, EuroBertForSequenceClassification, EuroBertModel
+
+    from mlmclm.eval.encodeval_heads import EncodEvalSequenceClassifier
 
     torch.manual_seed(0)
     config = EuroBertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -31,7 +35,11 @@ def build(args):
                             intermediate_size=4 * args.hidden, max_position_embeddings=2 * args.seq, pad_token_id=0,
                             bos_token_id=1, eos_token_id=2, mask_token_id=3,
                             num_labels=2, classifier_pooling="mean")
-    model = EuroBertForSequenceClassification(config)
+    if args.head == "eurobert":
+        model = EuroBertForSequenceClassification(config)
+    else:  # an encoder directory, as the paper suite reads one, under EncodEval's head
+        EuroBertModel(config).save_pretrained(f"{folder}/encoder")
+        model = EncodEvalSequenceClassifier(f"{folder}/encoder", num_labels=2)
     generator = torch.Generator().manual_seed(1)
     rows = [{"input_ids": torch.randint(4, args.vocab, (args.seq,), generator=generator).tolist(),
              "attention_mask": [1] * args.seq, "labels": i % 2} for i in range(args.rows)]
@@ -82,14 +90,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--head", choices=("encodeval", "eurobert"), default="encodeval",
+                        help="the model's head: EncodEval's SL head over EuroBertModel (the paper suite's) or "
+                             "transformers' EuroBertForSequenceClassification")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import copy
     import tempfile
 
-    initial, rows = build(args)
     seconds = {"ours": [], "Trainer": []}
     with tempfile.TemporaryDirectory() as folder:
+        initial, rows = build(args, folder)
         for round_ in range(args.rounds):
             order = ("ours", "Trainer") if round_ % 2 == 0 else ("Trainer", "ours")
             for side in order:
@@ -99,8 +110,8 @@ def main() -> None:
                 print(f"round {round_ + 1} {side:<8} {args.steps / seconds[side][-1]:6.2f} steps/s", flush=True)
     best = {side: args.steps / min(times) for side, times in seconds.items()}
     median = {side: args.steps / statistics.median(times) for side, times in seconds.items()}
-    print(f"\nhidden {args.hidden}, {args.layers} layers, seq {args.seq}, batch {args.batch}, {args.dtype}, "
-          f"{args.steps} steps a run, {torch.get_num_threads()} threads")
+    print(f"\n{args.head} head, hidden {args.hidden}, {args.layers} layers, seq {args.seq}, batch {args.batch}, "
+          f"{args.dtype}, {args.steps} steps a run, {torch.get_num_threads()} threads")
     print("| side | best steps/s | median steps/s |\n|---|---|---|")
     for side in seconds:
         print(f"| {side} | {best[side]:.2f} | {median[side]:.2f} |")

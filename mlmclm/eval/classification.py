@@ -1,4 +1,5 @@
-"""Sequence classification (single texts or pairs): transformers' head with mean pooling, scored by accuracy."""
+"""Sequence classification (single texts or pairs), scored by accuracy: transformers' head with mean pooling, or
+under EncodEval's rules its SL head (encodeval_heads.py) on `text + EOS` inputs (encodeval_inputs.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from mlmclm.eval.encodeval_heads import EncodEvalSequenceClassifier
+from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, text_inputs
 from mlmclm.eval.metrics import accuracy
 from mlmclm.eval.tasks import TaskData, TaskSpec
 from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
@@ -14,7 +17,7 @@ from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precis
 
 def encode_rows(tokenizer, spec: TaskSpec, rows, label_ids, max_length):
     """Token ids and label per row: a single text, a text pair, or (with `spec.pair_template`) a pair written
-    into one text."""
+    into one text. Under EncodEval's rules one text per row, as `text + EOS` without BOS (SC.py tokenize)."""
     texts = [r["text"] for r in rows]
     pairs = [r.get("text_pair") for r in rows]
     has_pairs = any(p is not None for p in pairs)
@@ -23,22 +26,31 @@ def encode_rows(tokenizer, spec: TaskSpec, rows, label_ids, max_length):
     if has_pairs and spec.pair_template is not None:
         texts = [spec.pair_template.format(text=t, text_pair=p) for t, p in zip(texts, pairs)]
         has_pairs = False
-    encoded = tokenizer(texts, pairs if has_pairs else None, truncation=True, max_length=max_length)
+    if spec.rules == "encodeval":
+        if has_pairs:
+            raise ValueError(f"task {spec.name!r}: EncodEval reads one text per row: give a pair_template")
+        encoded = text_inputs(tokenizer, texts, max_length)
+    else:
+        encoded = tokenizer(texts, pairs if has_pairs else None, truncation=True, max_length=max_length)
     return [{"input_ids": ids, "attention_mask": mask, "labels": label_ids[r["label"]]}
             for ids, mask, r in zip(encoded["input_ids"], encoded["attention_mask"], rows)]
 
 
 def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
                        eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
-    tokenizer = load_tokenizer(model_dir)
+    encodeval = data.spec.rules == "encodeval"
+    tokenizer = encodeval_tokenizer(model_dir) if encodeval else load_tokenizer(model_dir)
     label_ids = {label: i for i, label in enumerate(data.labels)}
-    model_type = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).model_type
-    extra = {"classifier_pooling": "mean"} if model_type == "eurobert" else {}
     seed_everything(config.seed)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=len(data.labels), id2label={i: str(l) for l, i in label_ids.items()},
-        label2id={str(l): i for l, i in label_ids.items()}, trust_remote_code=False, **extra)
-    model.config.pad_token_id = tokenizer.pad_token_id
+    if encodeval:
+        model = EncodEvalSequenceClassifier(model_dir, len(data.labels))
+    else:
+        model_type = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).model_type
+        extra = {"classifier_pooling": "mean"} if model_type == "eurobert" else {}
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=len(data.labels), id2label={i: str(l) for l, i in label_ids.items()},
+            label2id={str(l): i for l, i in label_ids.items()}, trust_remote_code=False, **extra)
+        model.config.pad_token_id = tokenizer.pad_token_id
     model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
     collate = lambda feats: pad_batch(feats, pads)  # noqa: E731

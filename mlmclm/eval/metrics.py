@@ -21,7 +21,9 @@ def accuracy(predictions: Sequence[int], labels: Sequence[int]) -> float:
 
 
 def entity_f1(true_tags: Sequence[Sequence[str]], predicted_tags: Sequence[Sequence[str]]) -> float:
-    """Micro F1 over entity spans (BIO/IOB2 tags); a span counts only when type, start and end all match."""
+    """Micro F1 over entity spans; a span counts only when type, start and end all match. seqeval's default mode
+    (conlleval's chunking: an entity opens at B-, or at I- after O or another type) reads IOB2 and IOB1 tags alike
+    (tags.py; tests/eval/test_tag_schemes.py checks it against strict IOB2 after conversion)."""
     if len(true_tags) != len(predicted_tags):
         raise ValueError(f"entity_f1: {len(predicted_tags)} predicted sequences for {len(true_tags)} gold ones")
     for index, (gold, pred) in enumerate(zip(true_tags, predicted_tags)):

@@ -3,6 +3,10 @@
 over seeds, plus per-task columns, with the distance from the paper's numbers where recorded) and the figures of
 `paper_figures`.
 
+Only columns whose runs were all scored under EncodEval's rules (`extra.rules = "encodeval"`, the paper suite's)
+get a distance from the paper's numbers or its released results: those are EncodEval's scores (encodeval_*.py), and
+a standard run measures another quantity.
+
 Selection and aggregation are `summary`'s (LR chosen on validation; family score = per-seed mean over the family's
 tasks, then mean ± CI over seeds); this module only validates the inputs, arranges the table and writes the files.
 """
@@ -58,6 +62,8 @@ class MainTable:
     tasks: list[str]  # grouped by family
     task_family: dict[str, str]
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (model, family short name or task) -> cell
+    # (model, column) with a reference score but runs not scored under EncodEval's rules: left without a distance
+    not_comparable: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _load_run(path: Path) -> RunRecord:
@@ -133,11 +139,23 @@ def load_curves(result_dirs: list[Path]) -> dict[str, list[dict]]:
     return curves
 
 
+def encodeval_columns(records: list[RunRecord]) -> set[tuple[str, str]]:
+    """(model, column) whose every run was scored under EncodEval's rules (run records with extra.rules =
+    "encodeval", what `--suite paper` writes): only those measure what the paper's numbers and its released results
+    measure (its QA token-tagging F1, its nDCG over the retrieved ten, ...), so only those get a distance."""
+    runs: dict[tuple[str, str], list[bool]] = {}
+    for r in records:
+        encodeval = r.extra.get("rules") == "encodeval"
+        runs.setdefault((r.model, r.task), []).append(encodeval)
+        runs.setdefault((r.model, FAMILY_SHORT[r.family]), []).append(encodeval)
+    return {key for key, flags in runs.items() if all(flags)}
+
+
 def main_table(records: list[RunRecord],
                reference: tuple[ReferenceScore, ...] = PAPER_SCORES) -> MainTable:
     if not records:
         raise ReportInputError("no run records")
-    refs = reference_lookup(reference)
+    refs, comparable = reference_lookup(reference), encodeval_columns(records)
     per_task = task_results(records)
     task_family = {t.task: t.family for t in per_task}
     order = list(FAMILY_SHORT)
@@ -145,11 +163,12 @@ def main_table(records: list[RunRecord],
                       families=[FAMILY_SHORT[f] for f in order if f in task_family.values()],
                       tasks=sorted(task_family, key=lambda t: (order.index(task_family[t]), t)),
                       task_family=task_family)
-    for t in per_task:
-        table.cells[(t.model, t.task)] = Cell(t.test_mean, t.test_ci95, refs.get((t.model, t.task)))
-    for f in family_results(records):
-        column = FAMILY_SHORT[f.family]
-        table.cells[(f.model, column)] = Cell(f.test_mean, f.test_ci95, refs.get((f.model, column)))
+    cells = [((t.model, t.task), t.test_mean, t.test_ci95) for t in per_task]
+    cells += [((f.model, FAMILY_SHORT[f.family]), f.test_mean, f.test_ci95) for f in family_results(records)]
+    for key, mean, ci in cells:
+        if key in refs and key not in comparable:
+            table.not_comparable.append(key)
+        table.cells[key] = Cell(mean, ci, refs.get(key) if key in comparable else None)
     return table
 
 
@@ -257,9 +276,15 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
              "on validation; a family score is the per-seed mean over the family's tasks, then mean ± CI over "
              "seeds. Inputs: " + ", ".join(str(d) for d in result_dirs) + ".", "", "## Main table", "", markdown]
     sources = sorted({c.reference.source for c in table.cells.values() if c.reference is not None})
+    if table.not_comparable:
+        lines += [f"No distance for {len(table.not_comparable)} cell(s) with a reference score ("
+                  + ", ".join(f"{m}/{c}" for m, c in table.not_comparable[:6])
+                  + (", ..." if len(table.not_comparable) > 6 else "") + "): their runs were not scored under "
+                  "EncodEval's rules (run records without `extra.rules = \"encodeval\"`: custom suites, or paper runs "
+                  "from before those rules), so they do not measure what the paper's numbers measure.", ""]
     if sources:
         lines += ["Distance (Δ, percentage points, ours − reference) from: " + "; ".join(sources) + ".", ""]
-    else:
+    elif not table.not_comparable:
         lines += ["No distance from the paper: `mlmclm/eval/paper_reference.py` records no score of the paper for "
                   "these models and columns (see its docstring for why and how to add them), and no released "
                   "results were given (`--reference-encodeval`).", ""]

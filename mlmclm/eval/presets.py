@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmclm.eval.tasks import TaskSpec
+from mlmclm.eval.tasks import ENCODEVAL_METRIC, TaskSpec
 
 PRESETS: dict[str, dict] = {
     "sst2": dict(family="classification", hf_name="nyu-mll/glue", hf_config="sst2", columns={"text": "sentence"}),
@@ -29,10 +29,10 @@ PRESETS: dict[str, dict] = {
                    columns={"context": "passage", "question": "query"}),
 }
 
-# EncodEval's token classification (eval_tasks/token_classification.py): every sub-token labelled with its word's
-# tag, words predicted by majority vote, scored by the mean per-sentence macro F1 (seqeval's entity F1 is reported
-# beside it in every run).
-_ENCODEVAL_TC = dict(token_labels="every", metric="sentence_macro_f1")
+# EncodEval's token classification (rimads/avey-b EncodEval/encodeval/eval_tasks/TC.py): every sub-token labelled
+# with its word's tag, words predicted by majority vote, scored by the mean per-sentence macro F1 (seqeval's entity
+# F1 is reported beside it in every run).
+_ENCODEVAL_TC = dict(token_labels="every")
 
 # The paper suite: per task, its family and what differs from the defaults (the paper protocol's splits, no length
 # cap). Sources: sources.TASK_SOURCES.
@@ -42,7 +42,8 @@ PAPER_TASKS: dict[str, dict] = {
     "mnli": dict(family="classification", split_names={"test": "validation_matched"},
                  pair_template="Premise: {text}\nHypothesis: {text_pair}"),
     "qqp": dict(family="classification", pair_template="Question 1: {text}\nQuestion 2: {text_pair}"),
-    "conll2003": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
+    # hgissbkh/conll2003-en carries the original IOB1 tags (tags.py)
+    "conll2003": dict(family="token_classification", tag_scheme="IOB1", **_ENCODEVAL_TC, **_OWN_SPLITS),
     "ontonotes5": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
     "uner_en": dict(family="token_classification", **_ENCODEVAL_TC, **_OWN_SPLITS),
     "squad": dict(family="qa"),
@@ -67,7 +68,8 @@ def preset_task(name: str, **overrides) -> TaskSpec:
 
 def paper_task(name: str, data_root: Path | None = None, allow_other_revisions: bool = False) -> TaskSpec:
     """One task of the paper suite, read from EncodEval's repositories: from `data_root` (a folder written by
-    `tools/evaluate.py fetch`) or, when None, the hub."""
+    `tools/evaluate.py fetch`) or, when None, the hub; run under EncodEval's rules (inputs, heads, scores), its
+    score the main metric and the family's standard metric reported beside it."""
     if name not in PAPER_TASKS:
         hint = " (it is scored with the msmarco model: select msmarco)" if name in PAPER_TEST_ONLY else ""
         raise ValueError(f"unknown paper task {name!r}{hint}; known: {sorted(PAPER_TASKS)}")
@@ -77,7 +79,9 @@ def paper_task(name: str, data_root: Path | None = None, allow_other_revisions: 
                   max_length=None, split_names=entry.get("split_names", {}),
                   query_prefix=entry.get("query_prefix", ""), document_prefix=entry.get("document_prefix", ""),
                   pair_template=entry.get("pair_template"), token_labels=entry.get("token_labels", "first"),
-                  metric=entry.get("metric"), source=name, path=path, allow_other_revisions=allow_other_revisions)
+                  tag_scheme=entry.get("tag_scheme", "IOB2"), source=name, path=path,
+                  allow_other_revisions=allow_other_revisions,
+                  rules="encodeval", metric=ENCODEVAL_METRIC[entry["family"]])
     extra = {t: {"source": t, "path": path, "split_protocol": protocol,
                  "allow_other_revisions": allow_other_revisions}
              for t, protocol in entry.get("extra_tests", {}).items()}

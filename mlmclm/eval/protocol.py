@@ -39,6 +39,9 @@ CUSTOM_MIN_STEPS = 100
 SEEDED_HALVES_NOTE = ("validation / test = halves of the test queries drawn with seed {seed} (splits.py); EncodEval "
                       "draws its NQ halves unseeded, so these are not its halves")
 FEW_STEPS = 50
+# TaskSpec fields added after runs were recorded, with their defaults: a spec at these defaults fingerprints as
+# before them, so finished runs of standard tasks are not re-run.
+_LATER_FIELDS = {"rules": "standard", "tag_scheme": "IOB2"}
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,11 @@ def model_fingerprint(model_dir: Path) -> list[tuple[str, str]]:
 def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:
     """Changes when anything that affects the result changes — the model files' *content* included, so a
     re-export into the same directory is never mistaken for the model that was evaluated."""
-    payload = json.dumps({"spec": asdict(spec), "config": asdict(config), "model": model_fingerprint(model_dir)},
+    fields = asdict(spec)
+    for name, default in _LATER_FIELDS.items():  # at their defaults, later fields leave fingerprints as they were
+        if fields[name] == default:
+            del fields[name]
+    payload = json.dumps({"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)},
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -214,7 +221,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
                                train_loss_first=outcome.log.first_loss, train_loss_last=outcome.log.last_loss,
                                fingerprint=fingerprint, model_dir=str(directory),
                                seconds=round(time.perf_counter() - started, 3),
-                               extra={"notes": data.notes, "data": data.provenance})
+                               extra={"notes": data.notes, "data": data.provenance, **_rules_of(data.spec)})
             for name, extra_path in extra_paths.items():
                 # trained once, tested on another set: its own task, its LR chosen on its own validation split when
                 # it has one (EncodEval's NQ and MLDR), else on the training task's
@@ -223,7 +230,8 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
                 write_json_atomic(extra_path, asdict(replace(
                     record, task=name, test=outcome.metrics[f"test:{name}"],
                     validation=outcome.metrics.get(f"validation:{name}", record.validation),
-                    extra={"notes": notes, "data": extra_set.provenance, "trained_on": data.spec.name})))
+                    extra={"notes": notes, "data": extra_set.provenance, "trained_on": data.spec.name,
+                           **_rules_of(data.spec)})))
             write_json_atomic(path, asdict(record))
         records.append(record)
         records += [_finished(p, fingerprint) for p in extra_paths.values()]
@@ -233,6 +241,12 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
                       f"{_budget_text(config)}): a score from so few updates says little about the model; give it "
                       f"more with --max-epochs, --batch-size or --max-steps", file=sys.stderr)
     return records
+
+
+def _rules_of(spec: TaskSpec) -> dict[str, str]:
+    """What a run record says of its rules: `{"rules": "encodeval"}` for runs under EncodEval's (the paper suite's:
+    only those are compared with the paper's released scores, paper_report.py); nothing for standard runs."""
+    return {"rules": spec.rules} if spec.rules != "standard" else {}
 
 
 def _budget_text(config: FinetuneConfig) -> str:

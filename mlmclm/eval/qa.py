@@ -1,5 +1,8 @@
 """Extractive QA (SQuAD / SQuAD-v2 style): span head over the encoder, sliding windows over long contexts,
-'no answer' = position 0 (allowed only when the task has unanswerable questions). Scored by EM / F1."""
+'no answer' = position 0 (allowed only when the task has unanswerable questions). Scored by EM / F1 — the standard
+score. Under EncodEval's rules a run fine-tunes two models from the same weights, seed and budget: EncodEval's token
+tagger (encodeval_qa.py, its `encodeval_f1`, the main metric) and this span model (`f1`, `exact_match`, reported
+beside it), so QA runs of the paper suite take twice the fine-tuning; the record's loss and steps are the tagger's."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mlmclm.eval.encodeval_qa import run_encodeval_qa
 from mlmclm.eval.heads import SpanQAModel
 from mlmclm.eval.metrics import squad_scores
 from mlmclm.eval.tasks import TaskData
@@ -70,6 +74,16 @@ def _best_answers(rows, features, start_logits, end_logits, allow_no_answer):
 
 def run_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
            eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
+    if data.spec.rules != "encodeval":
+        return run_span_qa(model_dir, data, config, eval_splits)
+    tagger = run_encodeval_qa(model_dir, data, config, eval_splits)
+    span = run_span_qa(model_dir, data, config, eval_splits)
+    return RunOutcome(metrics={split: {**tagger.metrics[split], **span.metrics[split]} for split in eval_splits},
+                      log=tagger.log)
+
+
+def run_span_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
+                eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
     tokenizer = load_tokenizer(model_dir)
     allow_no_answer = any(not r["answers"]["text"] for split in data.splits.values() for r in split)
     seed_everything(config.seed)

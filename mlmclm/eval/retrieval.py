@@ -4,13 +4,20 @@ corpus (documents by id, relevance by id); otherwise, with the "official" / "see
 passages of both the validation and the test rows, else each split's own passages. Queries and passages get the task's prefixes ("Query: " / "Document: " in the
 paper); the same fine-tuned model also scores the task's `extra_tests` (the paper trains once on MS MARCO and
 tests on MS MARCO, NQ and MLDR-en) on their own validation and test splits, reported as `validation:<name>` /
-`test:<name>` with the query and corpus counts."""
+`test:<name>` with the query and corpus counts. Under EncodEval's rules: its pooling (encodeval_heads.py), its
+training and evaluation inputs (encodeval_inputs.py), and its score (`encodeval_ndcg@10`, encodeval_scores.py)
+beside the standard NDCG@10 of the same ranking. Its loss is ours: sentence-transformers' cached MNRL at scale 20
+(configs/IR/msmarco_pairs_*.yaml) is InfoNCE over cosine similarities at temperature 1/20 = 0.05; the cache only
+splits the batch's forward passes (mini_batch_size 4) without changing the loss."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
+from mlmclm.eval.encodeval_heads import EncodEvalRetrievalEncoder
+from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths, text_inputs
+from mlmclm.eval.encodeval_scores import retrieval_score
 from mlmclm.eval.heads import MeanPoolingEncoder, info_nce_loss
 from mlmclm.eval.metrics import ndcg_at_k
 from mlmclm.eval.tasks import TaskData
@@ -20,13 +27,16 @@ from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precis
 TEMPERATURE = 0.05
 
 
-def _embed(model, tokenizer, texts, max_length, batch_size):
+def _embed(model, tokenizer, texts, max_length, batch_size, encodeval=False):
     out = []
     with torch.no_grad():
         for chunk in batched(texts, batch_size):
-            enc = tokenizer(list(chunk), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+            enc = (retrieval_eval_inputs(tokenizer, list(chunk), max_length) if encodeval else
+                   tokenizer(list(chunk), truncation=True, max_length=max_length, padding=True, return_tensors="pt"))
             out.append(model(enc["input_ids"], enc["attention_mask"]))
-    return torch.cat(out).float()  # ranked in fp32 whatever the fine-tuning precision, as sentence-transformers does
+    vectors = torch.cat(out).float()  # ranked in fp32 whatever the fine-tuning precision, as sentence-transformers does
+    # EncodEval's pooled vectors are not normalised by the model: its cosine similarity normalises them in fp32
+    return torch.nn.functional.normalize(vectors, dim=-1) if encodeval else vectors
 
 
 def corpus_of(rows) -> list[str]:
@@ -65,17 +75,24 @@ def shared_corpus(data: TaskData, name: str) -> bool:
 
 def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
                   eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
-    tokenizer = load_tokenizer(model_dir)
+    encodeval = data.spec.rules == "encodeval"
+    tokenizer = encodeval_tokenizer(model_dir) if encodeval else load_tokenizer(model_dir)
     seed_everything(config.seed)
-    model = in_precision(MeanPoolingEncoder(model_dir), config)
-    max_length = max_length_of(data.spec, model_dir)
+    model = in_precision(EncodEvalRetrievalEncoder(model_dir) if encodeval else MeanPoolingEncoder(model_dir), config)
+    max_length = eval_length = max_length_of(data.spec, model_dir)
+    if encodeval and data.spec.max_length is None:
+        max_length, eval_length = retrieval_lengths(tokenizer, model_dir)
 
     query, document = data.spec.query_prefix, data.spec.document_prefix
     pairs = [(query + row["query"], document + positive) for row in data["train"] for positive in row["positives"]]
 
+    def tokenize(texts):  # training inputs: EncodEval's training collator calls IR.py tokenize (text + EOS)
+        if encodeval:
+            return text_inputs(tokenizer, texts, max_length)
+        return tokenizer(texts, truncation=True, max_length=max_length, padding=True)
+
     def collate(chunk):
-        queries = tokenizer([q for q, _ in chunk], truncation=True, max_length=max_length, padding=True)
-        passages = tokenizer([p for _, p in chunk], truncation=True, max_length=max_length, padding=True)
+        queries, passages = tokenize([q for q, _ in chunk]), tokenize([p for _, p in chunk])
         pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
         return (pad_batch([{"input_ids": i, "attention_mask": m} for i, m in
                            zip(queries["input_ids"], queries["attention_mask"])], pads),
@@ -83,18 +100,27 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
                            zip(passages["input_ids"], passages["attention_mask"])], pads))
 
     def loss(m, batch):
-        q, p = batch
-        return info_nce_loss(m(**q), m(**p), TEMPERATURE)
+        q, p = m(**batch[0]), m(**batch[1])
+        if encodeval:  # the cosine similarity of MNRL: normalised here, the standard tower normalises itself
+            q, p = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(p, dim=-1)
+        return info_nce_loss(q, p, TEMPERATURE)
 
     log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
     def score(rows, ids, texts, relevant):
-        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], max_length, config.eval_batch_size)
-        query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], max_length,
-                               config.eval_batch_size)
-        top = (query_vectors @ doc_vectors.T).topk(min(10, len(ids)), dim=-1).indices.tolist()
+        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], eval_length, config.eval_batch_size,
+                             encodeval)
+        query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], eval_length,
+                               config.eval_batch_size, encodeval)
+        similarities = query_vectors @ doc_vectors.T
+        top = similarities.topk(min(10, len(ids)), dim=-1).indices.tolist()
         rankings = [[ids[i] for i in ranked] for ranked in top]
-        return {"ndcg@10": ndcg_at_k(rankings, relevant, k=10), "queries": len(rows), "corpus": len(ids)}
+        scores = {"ndcg@10": ndcg_at_k(rankings, relevant, k=10), "queries": len(rows), "corpus": len(ids)}
+        if encodeval:
+            column = {doc: i for i, doc in enumerate(ids)}
+            scores["encodeval_ndcg@10"] = retrieval_score(similarities.numpy(),
+                                                          [{column[doc] for doc in wanted} for wanted in relevant])
+        return scores
 
     metrics = {}
     for name, (splits, id_corpus) in evaluation_sets(data, config.seed).items():

@@ -1,6 +1,7 @@
 """`tools/evaluate.py grid --suite paper --list`: what the suite will read and spend, before anything is downloaded
 or trained — per task its source (repository@revision, "unpinned" where no commit is known), which split trains,
-validates and tests, its budget, and the total of fine-tuning runs and steps per model."""
+validates and tests, its budget, and the total of fine-tuning runs and steps per model (a paper QA run fine-tunes
+two models: its steps count twice)."""
 from __future__ import annotations
 
 import math
@@ -66,10 +67,13 @@ def describe_suite(protocol: ProtocolConfig, tasks: list[str] | None = None, man
             steps = batches if config.max_steps is None or batches is None else min(batches, config.max_steps)
             budget = f"{config.max_epochs} epoch(s)" + (f" = {steps} steps" if steps is not None else
                                                        " (steps known once fetched: --data-root)")
+        models = 2 if spec.family == "qa" and spec.rules == "encodeval" else 1  # the tagger and the span model
+        if models > 1:
+            budget += f", x {models} models (EncodEval's tagger, and the span model of the standard score)"
         if steps is None:
             unknown.append(name)
         else:
-            known_steps += steps
+            known_steps += models * steps
         lines.append(f"{name} ({spec.family}): {budget}")
         for split, where in split_plan(spec, manifest).items():
             lines.append(f"  {split:<10} {where}")

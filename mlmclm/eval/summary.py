@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +12,7 @@ import numpy as np
 from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.metrics import mean_ci95
 from mlmclm.eval.protocol import FEW_STEPS, RunRecord, group_runs, select_learning_rate, write_json_atomic
+from mlmclm.eval.tasks import MAIN_METRIC
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ def task_results(records: list[RunRecord]) -> list[TaskResult]:
                                   test_scores=scores, test_mean=mean, test_ci95=ci,
                                   steps=(min(r.steps for r in runs), max(r.steps for r in runs))))
     return results
+
+
+def standard_results(records: list[RunRecord]) -> dict[tuple[str, str], TaskResult]:
+    """Per (model, task) run under EncodEval's rules (`extra.rules`), the family's standard metric
+    (tasks.MAIN_METRIC: accuracy, seqeval entity F1, SQuAD F1 with windows, NDCG@10) that its runs report beside
+    EncodEval's score — its learning rate chosen on its own validation, as any main metric's is."""
+    projected = [replace(r, main_metric=MAIN_METRIC[r.family]) for r in records
+                 if r.extra.get("rules") == "encodeval" and MAIN_METRIC[r.family] in r.test]
+    return {(t.model, t.task): t for t in task_results(projected)} if projected else {}
 
 
 def family_results(records: list[RunRecord]) -> list[FamilyResult]:
@@ -123,17 +133,23 @@ def _pm(mean: float, ci: float) -> str:
 def summary_markdown(records: list[RunRecord]) -> str:
     if not records:
         raise ValueError("no run records to summarise")
+    standard = standard_results(records)
     lines = ["# Downstream evaluation", "",
              "Scores in percent. The learning rate is chosen on validation (mean over seeds); test is reported as "
              "mean ± 95 % CI (Student t) over seeds at that learning rate.", "",
              "## Per task", "", f"`steps`: optimizer steps per run; ⚠ marks runs of fewer than {FEW_STEPS}, whose "
              "scores say little about the model.", "",
-             "| model | family | task | metric | best LR | validation | test | steps |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | family | task | metric | best LR | validation | test | steps |" + standard_header(standard),
+             "|---|---|---|---|---|---|---|---|" + "---|---|" * bool(standard)]
     for t in task_results(records):
         steps = f"{t.steps[0]}" if t.steps[0] == t.steps[1] else f"{t.steps[0]}–{t.steps[1]}"
         lines.append(f"| {t.model} | {t.family} | {t.task} | {t.metric} | {t.best_lr:g} | {_pct(t.validation_mean)} "
-                     f"| {_pm(t.test_mean, t.test_ci95)} | {steps}{' ⚠' if t.steps[0] < FEW_STEPS else ''} |")
+                     f"| {_pm(t.test_mean, t.test_ci95)} | {steps}{' ⚠' if t.steps[0] < FEW_STEPS else ''} |"
+                     + standard_cells(standard, t))
+    if standard:
+        lines += ["", "`metric`/`test`: EncodEval's score (the paper's, compared with its released results); "
+                  "`standard`: the family's usual metric from the same runs (QA: a SQuAD span model fine-tuned "
+                  "beside the tagger), its LR chosen on its own validation."]
     lines += ["", "## Per family", "", "Mean over the family's tasks per seed, then mean ± 95 % CI over seeds.", "",
               "| model | family | tasks | seeds | test |", "|---|---|---|---|---|"]
     for f in family_results(records):
@@ -149,6 +165,17 @@ def summary_markdown(records: list[RunRecord]) -> str:
                      f"{_pct(s.worst_to_best_gap)} | {100 * s.diverged_fraction:.0f} % |")
     lines += data_lines(records)
     return "\n".join(lines) + "\n"
+
+
+def standard_header(standard: dict) -> str:
+    return " standard metric | standard test |" if standard else ""
+
+
+def standard_cells(standard: dict, result: TaskResult) -> str:
+    if not standard:
+        return ""
+    other = standard.get((result.model, result.task))
+    return " — | — |" if other is None else f" {other.metric} | {_pm(other.test_mean, other.test_ci95)} |"
 
 
 def data_lines(records: list[RunRecord]) -> list[str]:
@@ -178,6 +205,7 @@ def write_summary(records: list[RunRecord], output_dir: Path) -> Path:
         "tasks": [asdict(t) for t in task_results(records)],
         "families": [asdict(f) for f in family_results(records)],
         "stability": [asdict(s) for s in stability_results(records)],
+        "standard": [asdict(t) for t in standard_results(records).values()],
     }), allow_nan=False)
     return markdown_path
 

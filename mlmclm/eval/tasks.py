@@ -10,12 +10,12 @@ Schemas (one JSON object per row; see docs/evaluation.md):
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlmclm.eval.splits import paper_validation_split, seeded_query_halves, shuffled
+from mlmclm.eval.tags import TAG_SCHEMES, TagError, check_tags, tag_inventory
 from mlmclm.path_names import check_path_component
 
 FAMILIES = ("classification", "token_classification", "qa", "retrieval")
@@ -24,14 +24,20 @@ SPLITS = ("train", "validation", "test")
 MAIN_METRIC = {"classification": "accuracy", "token_classification": "entity_f1", "qa": "f1",
                "retrieval": "ndcg@10"}
 # Other main metrics a task may choose (TaskSpec.metric); every run reports all of its family's metrics.
-OTHER_METRICS = {"token_classification": ("sentence_macro_f1",)}
+OTHER_METRICS = {"token_classification": ("sentence_macro_f1",), "qa": ("encodeval_f1",),
+                 "retrieval": ("encodeval_ndcg@10",)}
+# "standard": the inputs, heads and scores above (MAIN_METRIC: what everyone else reports); "encodeval": EncodEval's
+# (encodeval_inputs.py, encodeval_heads.py, encodeval_scores.py), scored by ENCODEVAL_METRIC — the paper suite's,
+# whose runs also report the family's standard metric beside it.
+RULES = ("standard", "encodeval")
+ENCODEVAL_METRIC = {"classification": "accuracy", "token_classification": "sentence_macro_f1", "qa": "encodeval_f1",
+                    "retrieval": "encodeval_ndcg@10"}
 TOKEN_LABELS = ("first", "every")  # label each word's first sub-token, or all of them (EncodEval)
 # "given": the source's splits, missing ones derived; "paper": validation = 5 % of train, test = the official
 # validation; "official": every split from its own file, none derived (BEIR-style retrieval sets: validation = dev
 # qrels, test = test qrels); "seeded_halves": an eval-only set given as one test split whose queries are halved
 # into validation and test per fine-tuning seed (NQ; seeded, unlike EncodEval's draw). Rules: splits.py.
 SPLIT_PROTOCOLS = ("given", "paper", "official", "seeded_halves")
-BIO_TAG = re.compile(r"O|[BI]-\S.*")  # IOB2: outside, or Begin/Inside of an entity type
 
 
 class TaskDataError(ValueError):
@@ -72,6 +78,8 @@ class TaskSpec:
     # sub-tokens and predicts the majority over them (EncodEval)
     token_labels: str = "first"
     metric: str | None = None  # the main metric when not the family's (MAIN_METRIC), e.g. "sentence_macro_f1"
+    rules: str = "standard"  # a value of RULES: whose inputs, heads and scores the task is run with
+    tag_scheme: str = "IOB2"  # token classification: "IOB2" or "IOB1" (tags.py; the paper's CoNLL is IOB1)
 
     def __post_init__(self) -> None:
         check_path_component(self.name, "task name")
@@ -101,6 +109,15 @@ class TaskSpec:
         if self.metric is not None and self.metric not in allowed:
             raise ValueError(f"task {self.name!r}: metric must be one of {allowed} for {self.family}, "
                              f"got {self.metric!r}")
+        if self.tag_scheme not in TAG_SCHEMES:
+            raise ValueError(f"task {self.name!r}: tag_scheme must be one of {TAG_SCHEMES}, got {self.tag_scheme!r}")
+        if self.rules not in RULES:
+            raise ValueError(f"task {self.name!r}: rules must be one of {RULES}, got {self.rules!r}")
+        if self.metric is not None and self.metric.startswith("encodeval_") and self.rules != "encodeval":
+            raise ValueError(f"task {self.name!r}: metric {self.metric!r} is computed under rules 'encodeval' only")
+        if self.rules == "encodeval" and self.family == "token_classification" and self.token_labels != "every":
+            raise ValueError(f"task {self.name!r}: EncodEval labels every sub-token: rules 'encodeval' needs "
+                             f"token_labels 'every'")
         if self.extra_tests and self.family != "retrieval":
             raise ValueError(f"task {self.name!r}: extra_tests is for retrieval tasks only")
         unknown = set(self.split_names) - set(SPLITS)
@@ -280,12 +297,10 @@ def _normalise_row(family: str, row: dict[str, Any], where: str, index: int) -> 
         tags = _require(row, "tags", list, where)
         if len(tokens) != len(tags):
             raise TaskDataError(f"{where}: {len(tokens)} tokens but {len(tags)} tags")
-        if not all(isinstance(t, str) for t in tags):
-            raise TaskDataError(f"{where}: field 'tags' must hold strings such as 'B-PER' / 'O'")
-        for position, tag in enumerate(tags, start=1):
-            if not BIO_TAG.fullmatch(tag):
-                raise TaskDataError(f"{where}: tag {tag!r} (token {position}) is not a BIO/IOB2 tag: expected 'O', "
-                                    f"'B-<type>' or 'I-<type>'")
+        try:
+            check_tags(tags, where)
+        except TagError as err:
+            raise TaskDataError(str(err)) from err
         return {"tokens": [str(t) for t in tokens], "tags": tags}
     if family == "qa":
         context = _require(row, "context", str, where)
@@ -483,40 +498,12 @@ def load_task(spec: TaskSpec) -> TaskData:
             if unseen:
                 raise TaskDataError(f"task {spec.name!r}: {split} has labels never seen in train: {sorted(unseen)}")
     elif spec.family == "token_classification":
-        labels = tag_inventory(spec.name, splits, locations, raw["train"].label_names)
+        try:
+            labels = tag_inventory(spec.name, splits, locations, raw["train"].label_names, spec.tag_scheme)
+        except TagError as err:
+            raise TaskDataError(str(err)) from err
     extra = load_extra_tests(spec) if spec.extra_tests else {}
     corpus = next((rows.corpus for rows in raw.values() if rows.corpus is not None), None)
     return TaskData(spec=spec, splits=splits, labels=labels, notes=notes, extra_tests=extra, corpus=corpus,
                     provenance=provenance_of(raw, spec))
 
-
-def tag_inventory(task: str, splits: dict[str, list[dict[str, Any]]], locations: dict[int, str],
-                  names: list[str] | None = None) -> list[str]:
-    """The tag set of a token-classification task. With the dataset's own tag names (`names`, its ClassLabel):
-    those, in the dataset's id order — the ids EncodEval's head predicts and its vote breaks ties by. Otherwise
-    "O" first, then train's tags sorted. Refused, naming the row: an `I-X` whose `B-X` never occurs in train (IOB1
-    data, or a typo: IOB2 begins every entity with B-), and a validation/test tag train never has (the model could
-    not learn it; its gold would silently count as "O")."""
-    if names is not None:
-        for split, rows in splits.items():
-            for row in rows:
-                unknown = set(row["tags"]) - set(names)
-                if unknown:
-                    raise TaskDataError(f"{locations.get(id(row), split)}: tags {sorted(unknown)} are not among "
-                                        f"the dataset's tag names {names}")
-        return list(names)
-    train_tags: dict[str, str] = {}
-    for row in splits["train"]:
-        for tag in row["tags"]:
-            train_tags.setdefault(tag, locations.get(id(row), "train"))
-    for tag, where in train_tags.items():
-        if tag.startswith("I-") and "B-" + tag[2:] not in train_tags:
-            raise TaskDataError(f"{where}: tag {tag!r} but train has no {'B-' + tag[2:]!r}: entities must begin "
-                                f"with B- (IOB2); convert IOB1 data")
-    for split in ("validation", "test"):
-        for row in splits[split]:
-            for tag in row["tags"]:
-                if tag not in train_tags:
-                    raise TaskDataError(f"{locations.get(id(row), split)}: tag {tag!r} ({split} split) never occurs "
-                                        f"in task {task!r}'s train split")
-    return ["O"] + sorted(set(train_tags) - {"O"})

@@ -1,4 +1,5 @@
-"""Token classification (NER-style BIO tags): transformers' token head; each word labelled on its first sub-token or
+"""Token classification (NER-style BIO tags): transformers' token head, or under EncodEval's rules its SL head
+(encodeval_heads.py) on `text + EOS` inputs (encodeval_inputs.py); each word labelled on its first sub-token or
 (EncodEval) on all of them with a majority vote; scored by seqeval's entity F1 and EncodEval's per-sentence macro F1."""
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForTokenClassification
 
+from mlmclm.eval.encodeval_heads import EncodEvalTokenClassifier
+from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, text_inputs
 from mlmclm.eval.metrics import entity_f1, sentence_macro_f1
 from mlmclm.eval.tasks import TaskData
 from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
@@ -26,16 +29,18 @@ def token_words(offsets: list[tuple[int, int]], words: list[str]) -> list[int | 
             for start, end in offsets]
 
 
-def encode_words(tokenizer, rows, tag_ids: dict[str, int] | None, max_length: int, token_labels: str = "first"
-                 ) -> list[dict]:
-    """Tokenize each row's words as running text, `" ".join(tokens)`, and label each word's first sub-token
-    (`token_labels="first"`) or every sub-token with the word's tag ("every", EncodEval's labelling).
+def encode_words(tokenizer, rows, tag_ids: dict[str, int] | None, max_length: int, token_labels: str = "first",
+                 encodeval: bool = False) -> list[dict]:
+    """Tokenize each row's words as running text, `" ".join(tokens)` (`encodeval`: + EOS, no BOS, as TC.py
+    tokenize), and label each word's first sub-token (`token_labels="first"`) or every sub-token with the word's
+    tag ("every", EncodEval's labelling).
 
     Not `is_split_into_words`: a byte-level BPE (the embedded tokenizer, EuroBERT's) then encodes every word as if
     it began the text, without its leading space — `Macbeth` becomes `M ac beth` instead of the `ĠMacbeth` the
     model saw in pretraining — so fine-tuning would read pieces the pretrained model hardly knows."""
     texts = [" ".join(row["tokens"]) for row in rows]
-    encoded = tokenizer(texts, truncation=True, max_length=max_length, return_offsets_mapping=True)
+    encoded = (text_inputs(tokenizer, texts, max_length, offsets=True) if encodeval else
+               tokenizer(texts, truncation=True, max_length=max_length, return_offsets_mapping=True))
     features = []
     for index, row in enumerate(rows):
         owners = token_words(encoded["offset_mapping"][index], row["tokens"])
@@ -78,12 +83,16 @@ def word_predictions(feature: dict, predicted_ids: list[int], labels: list[str])
 
 def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
                              eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
-    tokenizer = load_tokenizer(model_dir)
+    encodeval = data.spec.rules == "encodeval"
+    tokenizer = encodeval_tokenizer(model_dir) if encodeval else load_tokenizer(model_dir)
     tag_ids = {tag: i for i, tag in enumerate(data.labels)}
     seed_everything(config.seed)
-    model = AutoModelForTokenClassification.from_pretrained(
-        model_dir, num_labels=len(data.labels), id2label=dict(enumerate(data.labels)), label2id=tag_ids,
-        trust_remote_code=False)
+    if encodeval:
+        model = EncodEvalTokenClassifier(model_dir, len(data.labels))
+    else:
+        model = AutoModelForTokenClassification.from_pretrained(
+            model_dir, num_labels=len(data.labels), id2label=dict(enumerate(data.labels)), label2id=tag_ids,
+            trust_remote_code=False)
     model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "labels": IGNORE}
     max_length = max_length_of(data.spec, model_dir)
@@ -91,7 +100,7 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
     def collate(feats):
         return pad_batch([{k: v for k, v in f.items() if not k.startswith("_")} for f in feats], pads)
 
-    features = encode_words(tokenizer, data["train"], tag_ids, max_length, data.spec.token_labels)
+    features = encode_words(tokenizer, data["train"], tag_ids, max_length, data.spec.token_labels, encodeval)
     log = train(model, features, collate, lambda m, b: m(**b).loss, config,
                 f"{data.spec.name} lr={config.learning_rate:g}")
 
@@ -100,7 +109,7 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
         rows = data[split]
         predicted_tags, kept_gold, kept_predicted = [], [], []
         with torch.no_grad():
-            features = encode_words(tokenizer, rows, None, max_length, data.spec.token_labels)
+            features = encode_words(tokenizer, rows, None, max_length, data.spec.token_labels, encodeval)
             for start, chunk in zip(range(0, len(features), config.eval_batch_size),
                                     batched(features, config.eval_batch_size)):
                 for offset, (feature, ids) in enumerate(zip(chunk, model(**collate(chunk)).logits.argmax(-1).tolist())):

@@ -62,34 +62,43 @@ def _glue(root, rng, sizes):
             _write(root, "nyu-mll/glue", f"{config}/{_shard(split)}", rows, features)
 
 
-def tagged_sentence(rng, kinds):
+def tagged_sentence(rng, kinds, scheme="IOB2"):
+    """Names (one-word entities of kinds[0]) and "new york" (kinds[1], kinds[2]) among filler words, in IOB2 as
+    given, or in IOB1 — the original CoNLL tags, as hgissbkh/conll2003-en holds them: an entity begins with I-, and
+    with B- only right after another entity of its type (two names in a row)."""
     tokens, tags = [], []
     for _ in range(rng.randint(3, 5)):
         roll = rng.random()
         if roll < 0.3:
-            tokens.append(rng.choice(NAMES)); tags.append(kinds[0])
+            tokens.append(rng.choice(NAMES))
+            tags.append(kinds[0])
         elif roll < 0.45:
-            tokens += ["new", "york"]; tags += [kinds[1], kinds[2]]
+            tokens += ["new", "york"]
+            tags += [kinds[1], kinds[2]]
         else:
-            tokens.append(rng.choice(FILLER)); tags.append("O")
+            tokens.append(rng.choice(FILLER))
+            tags.append("O")
+    if scheme == "IOB1":
+        tags = [tag if tag == "O" or tag.startswith("I-") or (i and tags[i - 1][2:] == tag[2:]) else "I-" + tag[2:]
+                for i, tag in enumerate(tags)]
     return tokens, tags
 
 
 def _token_sets(root, rng, sizes):
     sets = (("hgissbkh/conll2003-en", "data/{split}-00000-of-00001.parquet", "words", "ner", CONLL_TAGS,
-             ("B-PER", "B-LOC", "I-LOC")),
+             ("B-PER", "B-LOC", "I-LOC"), "IOB1"),
             ("hgissbkh/ontonotes5", "default/{split}/0000.parquet", "tokens", "tags", ONTONOTES_TAGS,
-             ("B-PERSON", "B-GPE", "I-GPE")),
+             ("B-PERSON", "B-GPE", "I-GPE"), "IOB2"),
             ("hgissbkh/uner_en", "data/{split}-00000-of-00001.parquet", "tokens", "ner_tags", UNER_TAGS,
-             ("B-PER", "B-LOC", "I-LOC")))
-    for repo, layout, words, tags_column, names, kinds in sets:
+             ("B-PER", "B-LOC", "I-LOC"), "IOB2"))
+    for repo, layout, words, tags_column, names, kinds, scheme in sets:
         columns = {words: List(Value("string")), tags_column: List(ClassLabel(names=names))}
         if repo.endswith("uner_en"):
             columns = {"idx": Value("int32"), "text": Value("string"), **columns, "annotator": Value("string")}
         for split, n in sizes.items():
             rows = []
             for i in range(n):
-                tokens, tags = tagged_sentence(rng, kinds)
+                tokens, tags = tagged_sentence(rng, kinds, scheme)
                 row = {words: tokens, tags_column: [names.index(t) for t in tags]}
                 if repo.endswith("uner_en"):
                     row = {"idx": i, "text": " ".join(tokens), **row, "annotator": "a"}

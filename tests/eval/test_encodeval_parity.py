@@ -48,7 +48,8 @@ def test_qed_trains_one_epoch_while_squad_keeps_the_step_budget(paper_root, tiny
 
 
 def test_mnli_and_qqp_are_one_templated_text(paper_root, tmp_path):
-    # EncodEval encodeval/datasets.py: mnli_m() and qqp() map each pair to one "text" before tokenizing
+    # EncodEval encodeval/datasets.py: mnli_m() and qqp() map each pair to one "text" before tokenizing; that text
+    # is then fed as text + EOS without BOS (rimads/avey-b EncodEval/encodeval/eval_tasks/SC.py tokenize)
     from mlmclm.eval.classification import encode_rows
 
     from hub_fixtures import FILLER
@@ -63,7 +64,7 @@ def test_mnli_and_qqp_are_one_templated_text(paper_root, tmp_path):
         row = data["test"][0]
         text = template.format(row["text"], row["text_pair"])
         [feature] = encode_rows(tokenizer, data.spec, [row], {label: label for label in data.labels}, 64)
-        assert feature["input_ids"] == tokenizer(text)["input_ids"]
+        assert feature["input_ids"] == tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
         decoded = tokenizer.decode(feature["input_ids"], skip_special_tokens=True)  # word-level: spaces differ
         assert "".join(decoded.split()) == "".join(text.split())
     sst2 = TaskSpec(name="sst2", family="classification", path=str(tmp_path))  # a pair task without template
@@ -95,8 +96,9 @@ def test_paper_fine_tuning_runs_in_bf16(family, tmp_path, tiny_model_dir, monkey
 
 
 def test_encodeval_token_score_is_the_mean_of_per_sentence_macro_f1():
-    # EncodEval eval_tasks/token_classification.py (MLM_vs_CLM): per sentence, sklearn's f1_score(average="macro")
-    # over the word tags (O included), then the mean over sentences — released TC results.json carry both
+    # rimads/avey-b EncodEval/encodeval/eval_tasks/TC.py compute_f1s (the stored MLM_vs_CLM branch lacks its
+    # evaluator files): per sentence, sklearn's f1_score(average="macro") over the word tags (O included), then the
+    # mean over sentences — the released TC results.json hold these per-sentence scores_i and their mean
     from mlmclm.eval.metrics import entity_f1, sentence_macro_f1
 
     gold = [["O", "O"], ["B-PER", "O"], ["B-LOC", "I-LOC", "O"]]

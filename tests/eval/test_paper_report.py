@@ -23,11 +23,13 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "paper_report.py"
 
 
 def write_run(root: Path, model: str, task: str, family: str, lr: float, seed: int, validation: float,
-              test: float) -> Path:
+              test: float, rules: str | None = "encodeval") -> Path:
+    """A run record; `rules` "encodeval" as `--suite paper` writes them (None: a standard run, no extra.rules)."""
     metric = METRIC[family]
     record = RunRecord(model=model, task=task, family=family, main_metric=metric, learning_rate=lr, seed=seed,
                        validation={metric: validation}, test={metric: test}, diverged=False, steps=10,
-                       train_loss_first=1.0, train_loss_last=0.5, fingerprint="synthetic")
+                       train_loss_first=1.0, train_loss_last=0.5, fingerprint="synthetic",
+                       extra={"rules": rules} if rules else {})
     path = run_path(root, model, task, lr, seed)
     write_json_atomic(path, asdict(record))
     return path
@@ -102,6 +104,24 @@ def test_distance_from_the_paper_where_a_reference_exists(hand_case, tmp_path):
     assert "+3.5 (paper 70.0)" in (out / "main_table.md").read_text()
     rows = {row["model"]: row for row in csv.DictReader((out / "main_table.csv").open())}
     assert float(rows["m"]["SC_distance_pp"]) == pytest.approx(3.5) and rows["m"]["t1_paper"] == ""
+
+
+def test_only_runs_under_encodevals_rules_are_compared_with_the_paper(tmp_path):
+    # the paper's numbers and released results are EncodEval's scores (its QA token F1, its nDCG over the retrieved
+    # ten): a standard run (SQuAD span F1, full nDCG@10) is another quantity and gets no distance
+    ours = tmp_path / "eval"
+    for seed, score in enumerate([0.80, 0.82, 0.84]):
+        write_run(ours, "paper", "squad", "qa", 1e-4, seed, score, score)
+        write_run(ours, "old", "squad", "qa", 1e-4, seed, score, score, rules=None)
+    reference = (ReferenceScore("paper", "squad", 80.0, "synthetic"), ReferenceScore("old", "squad", 80.0, "x"),
+                 ReferenceScore("old", "QA", 80.0, "x"))
+    table = main_table(load_results([ours]), reference)
+    assert table.cells[("paper", "squad")].distance == pytest.approx(2.0)
+    assert table.cells[("old", "squad")].distance is None and table.cells[("old", "QA")].distance is None
+    assert table.not_comparable == [("old", "squad"), ("old", "QA")]
+    write_report([ours], tmp_path / "report", reference=reference)
+    assert "No distance for 2 cell(s) with a reference score (old/squad, old/QA): their runs were not scored " \
+           "under EncodEval's rules" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_recorded_reference_is_consistent():

@@ -1,5 +1,6 @@
 """The paper suite read as EncodEval reads it (hgissbkh/EncodEval, branch MLM_vs_CLM: encodeval/datasets.py,
-configs/, eval_tasks/token_classification_eval.py): its repositories in their hub layout (fixtures of a few rows,
+configs/; its evaluator files, absent from that branch's stored copy, read in rimads/avey-b EncodEval/encodeval/
+eval_tasks/): its repositories in their hub layout (fixtures of a few rows,
 tests/eval/hub_fixtures.py), fetched for offline use, and every protocol rule the issue lists — each test names the
 rule and fails on the code before it (our-schema folders, 5 % TC validation, text-keyed corpora, "O"+sorted tags)."""
 import json
@@ -38,8 +39,8 @@ def test_token_classification_uses_each_datasets_own_train_validation_and_test(p
 
 
 def test_token_tags_are_the_datasets_own_ids_and_ties_fall_to_the_smaller_one(paper_root):
-    # token_classification_eval.py: label_list = features["tags"].feature.names (the dataset's ids), and the vote
-    # max(set(preds), key=preds.count) returns the smallest tied id
+    # rimads/avey-b EncodEval/encodeval/eval_tasks/TC.py: the labels are the dataset's integer tags (its ClassLabel
+    # ids) as they are, and the vote max(set(preds), key=preds.count) returns the smallest tied id
     conll, ontonotes = (load_task(paper_task(t, paper_root)) for t in ("conll2003", "ontonotes5"))
     assert conll.labels == CONLL_TAGS and ontonotes.labels == ONTONOTES_TAGS  # 37, unseen ones included
     assert conll.labels != ["O"] + sorted(set(CONLL_TAGS) - {"O"})
@@ -167,10 +168,12 @@ def test_list_shows_sources_splits_budgets_and_steps_without_downloading(paper_r
     assert "data/test-*.parquet" in block("conll2003")[3] and "data/validation-*" in block("conll2003")[2]
     assert block("ontonotes5")[0].endswith("1000 steps")
     assert "@unpinned" in text and "eriktks" not in text and "aps/super_glue" not in text
-    assert "11 fine-tuned tasks x 6 LRs x 5 seeds = 330 runs, 240,000 + the epochs of conll2003" in text
+    # 8000 steps of one model per grid point, plus 3000 of the QA span models beside the QA taggers (issue 45)
+    assert "11 fine-tuned tasks x 6 LRs x 5 seeds = 330 runs, 330,000 + the epochs of conll2003" in text
+    assert "squad (qa): 1000 steps, x 2 models" in text
     assert evaluate(["grid", "--suite", "paper", "--list", "--data-root", str(paper_root)]) == 0
     fetched = capsys.readouterr().out
-    assert "330 runs, 240,090 optimizer steps" in fetched  # (8000 + conll 1 + uner 1 + qed ceil(15 / 32)) x 30
+    assert "330 runs, 330,120 optimizer steps" in fetched  # (11000 + conll 1 + uner 1 + qed 2 x ceil(15 / 32)) x 30
     assert f"unpinned (fetched {REVISIONS['hgissbkh/uner_en']})" in fetched
 
 
