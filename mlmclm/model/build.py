@@ -39,7 +39,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
     fp8_attention = False
     if precision.fp8 and precision.fp8_attention != "off":
         fp8_attention, reason = fp8_attention_here(model.head_dim, precision.fp8_recipe,
-                                                   attention_layout_name(packed_segments, use_te), training=True)
+                                                   attention_layout_name(packed_segments, use_te), training=True,
+                                                   deterministic=deterministic)
         if precision.fp8_attention == "on" and not fp8_attention:
             raise ValueError(reason)
         log.info(reason)

@@ -147,8 +147,15 @@ def attention_layout_name(packed_segments: bool, use_te: bool) -> str:
     return "thd" if packed_segments and use_te else "padded"
 
 
+DETERMINISTIC_FP8_ATTENTION = (
+    "FP8 attention off: deterministic training (deterministic: true) — TE drops its FP8 fused attention under "
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (TE 2.2-2.12 always; TE >= 2.13 with cuDNN < 9.19) and no other backend "
+    "runs FP8 attention ('no dot product attention backend'); TE >= 2.13 with cuDNN >= 9.19 is unverified here. "
+    "Attention runs in bf16, GEMMs in FP8")
+
+
 def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, recipe: str, layout: str,
-                           training: bool = True) -> tuple[bool, str]:
+                           training: bool = True, deterministic: bool = False) -> tuple[bool, str]:
     """Whether TE's FP8 dot-product attention can run for this GPU, shape, FP8 recipe and attention layout; the
     reason in one line.
 
@@ -163,11 +170,25 @@ def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, re
     128. Per recipe: delayed scaling on sm90+; current scaling ("tensorwise") only on sm100+ with cuDNN >= 9.14;
     MXFP8 only on sm100+ with cuDNN >= 9.21 and TE >= 2.16; block scaling never. Where support depends on versions
     we have not run, the answer is off.
+
+    `deterministic` (the run's `deterministic: true`, which sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0): TE's
+    determinism filter in `get_attention_backend` drops the FP8 fused backend in training — on every GPU in TE
+    2.2-2.12, and in TE >= 2.13 below sm90 or with cuDNN < 9.19 — and FP8 rules out the other backends, so the
+    first step would fail with "no dot product attention backend". TE >= 2.13 with cuDNN >= 9.19 keeps it, but
+    nobody here has run that: deterministic training keeps attention in bf16.
     """
     if layout not in ATTENTION_LAYOUTS:
         raise ValueError(f"unknown attention layout {layout!r}; choose from {ATTENTION_LAYOUTS}")
     if recipe not in FP8_RECIPES:
         raise ValueError(f"unknown FP8 recipe {recipe!r}; choose from {FP8_RECIPES}")
+    on, why = _fp8_attention_support(capability, head_dim, recipe, layout, training)
+    if on and deterministic and training:
+        return False, DETERMINISTIC_FP8_ATTENTION
+    return on, why
+
+
+def _fp8_attention_support(capability, head_dim: int, recipe: str, layout: str, training: bool) -> tuple[bool, str]:
+    """TE's support table for FP8 attention, determinism aside (see `fp8_attention_decision`)."""
     if capability is None:
         return False, "FP8 attention off: no CUDA device"
     major, minor = capability
@@ -212,11 +233,12 @@ def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, re
     return True, f"FP8 attention on ({arch}, head_dim {head_dim}, delayed scaling, {mode}; needs cuDNN >= 9.7)"
 
 
-def fp8_attention_here(head_dim: int, recipe: str, layout: str, training: bool = True) -> tuple[bool, str]:
+def fp8_attention_here(head_dim: int, recipe: str, layout: str, training: bool = True,
+                       deterministic: bool = False) -> tuple[bool, str]:
     """`fp8_attention_decision` for this machine: TE must be importable, then the GPU's compute capability decides."""
     from mlmclm.parallel.runtime import gpu_capability
 
     ok, why = transformer_engine_available()
     if not ok:
         return False, f"FP8 attention off: {why}"
-    return fp8_attention_decision(gpu_capability(), head_dim, recipe, layout, training)
+    return fp8_attention_decision(gpu_capability(), head_dim, recipe, layout, training, deterministic)

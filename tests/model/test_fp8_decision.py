@@ -43,6 +43,59 @@ def test_fp8_attention_table(arch, head_dim, recipe, mode, layout):
         assert arch in reason and f"head_dim {head_dim}" in reason
 
 
+@pytest.mark.parametrize("arch, head_dim, recipe, mode, layout", CASES)
+def test_deterministic_training_never_runs_fp8_attention(arch, head_dim, recipe, mode, layout):
+    """TE's determinism filter (`get_attention_backend`, TE 2.2-2.12: always in training; TE >= 2.13: with cuDNN
+    < 9.19) drops the FP8 fused backend, and FP8 rules out the others: "no dot product attention backend" at the
+    first step. Inference is not filtered (TE checks `is_training`)."""
+    on, reason = fp8_attention_decision(CAPABILITIES[arch], head_dim, recipe, layout, training=MODES[mode],
+                                        deterministic=True)
+    expected = (arch, head_dim, recipe, mode, layout) in ON and mode == "inference"
+    assert on == expected, reason
+    if (arch, head_dim, recipe, mode, layout) in ON and mode == "training":
+        assert "deterministic" in reason and "cuDNN < 9.19" in reason and "bf16" in reason
+
+
+def test_eurobert_2_1b_deterministic_on_hopper_keeps_attention_in_bf16(monkeypatch):
+    """What megatron is handed for the shape the decision used to turn on (head_dim 128, delayed, padded rows):
+    off when the run is deterministic; `fp8_attention: on` with `deterministic: true` is refused when read."""
+    from mlmclm.model import ModelConfig
+    from mlmclm.model.build import transformer_config
+    from mlmclm.parallel import ParallelConfig
+
+    _fake_hopper_with_te(monkeypatch)
+    shape = ModelConfig(num_layers=2, hidden_size=256, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+    delayed = PrecisionConfig(fp8="hybrid", fp8_recipe="delayed")
+    assert transformer_config(shape, ParallelConfig(), delayed, use_te=True).fp8_dot_product_attention is True
+    config = transformer_config(shape, ParallelConfig(), delayed, use_te=True, deterministic=True)
+    assert config.fp8_dot_product_attention is False
+    with pytest.raises(ValueError, match="deterministic training"):
+        transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8="hybrid", fp8_recipe="delayed",
+                                                                    fp8_attention="on"),
+                           use_te=True, deterministic=True)
+
+
+def test_fp8_attention_on_with_deterministic_is_refused_when_the_config_is_read(tmp_path):
+    from mlmclm.model import ModelConfig
+    from mlmclm.objectives import ObjectiveConfig
+    from mlmclm.train.config import DataConfig, PhaseConfig, TrainConfig
+
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+
+    def config(fp8_attention, deterministic):
+        return TrainConfig(run_dir=str(tmp_path), model=shape, total_steps=4, global_batch_size=2,
+                           data=DataConfig(path=str(tmp_path)), deterministic=deterministic,
+                           phases=[PhaseConfig(ObjectiveConfig("clm"), fraction=1.0)],
+                           precision=PrecisionConfig(fp8="hybrid", fp8_recipe="delayed", fp8_attention=fp8_attention))
+
+    config("on", False)
+    config("auto", True)
+    with pytest.raises(ValueError, match="fp8_attention: on cannot run with deterministic: true"):
+        config("on", True)
+
+
 def test_packed_thd_never_runs_fp8_attention_saying_why():
     # eurobert-2.1b (head_dim 128) on Hopper with delayed scaling: on for padded rows, off for the paper's samples.
     assert fp8_attention_decision((9, 0), 128, "delayed", "padded")[0]
