@@ -15,6 +15,7 @@ from mlmclm.train.phase_data import PhaseLoaders
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
 from mlmclm.model.document_attention import attention_layout, check_local_packed_attention
+from mlmclm.model.precision import fp8_token_alignment
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
@@ -108,10 +109,11 @@ def _flops_per_step(cfg: TrainConfig, seq_length: int, objective, lengths=None) 
 
 
 def _padding(cfg: TrainConfig) -> dict:
-    """How random-length micro-batches are padded: to a multiple of 16 tokens per tensor-parallel rank (TE's FP8
-    GEMMs need token counts divisible by 16, sequence parallelism by TP), and with pipeline parallelism every
-    micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
-    return {"pad_multiple": 16 * cfg.parallel.tensor_parallel, "same_length": cfg.parallel.pipeline_parallel > 1}
+    """How random-length micro-batches are padded: to a multiple of the FP8 alignment per tensor-parallel rank
+    (`fp8_token_alignment`: 16, 32 for MXFP8; sequence parallelism divides by TP), and with pipeline parallelism
+    every micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
+    return {"pad_multiple": fp8_token_alignment(cfg.precision) * cfg.parallel.tensor_parallel,
+            "same_length": cfg.parallel.pipeline_parallel > 1}
 
 
 def _peak_tflops(cfg: TrainConfig) -> float | None:
