@@ -251,12 +251,17 @@ def peak_rss_mib() -> float:
 
 def run(cfg: BenchConfig, columns=COLUMNS) -> dict:
     if set(columns) & set(LOOP_COLUMNS) and not cfg.loop_data:
+        import shutil
         import tempfile
 
         from loop_stepper import prepare_loop_data
 
         directory = tempfile.mkdtemp(prefix="train_step_loop_")
-        cfg = BenchConfig(**{**asdict(cfg), "loop_data": prepare_loop_data(directory, cfg.seq, 200_000)})
+        try:
+            return run(BenchConfig(**{**asdict(cfg), "loop_data": prepare_loop_data(directory, cfg.seq, 200_000)}),
+                       columns)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     ctx = mp.get_context("spawn")
     workers = {}
     for column in columns:
