@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +21,15 @@ def _mode() -> str:
     import torch
 
     return "gpu" if torch.cuda.is_available() else "cpu-dry-run"
+
+
+def _work_dir(section: str) -> Path:
+    """Scratch space for runs and checkpoints: never under OUT (the device sends all of OUT back). GPU_SESSION_WORK
+    chooses where (the tests: their own temporary directory, which a killed session cannot leave behind)."""
+    root = os.environ.get("GPU_SESSION_WORK")
+    if root:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"gpu_session_{section}_", dir=root))
 
 
 def _peak(precision: str) -> tuple[float | None, str]:
@@ -132,7 +140,7 @@ def determinism(out, deadline, write) -> tuple[str, dict]:
     from determinism_check import DeterminismConfig, determinism_check
 
     cfg = DeterminismConfig(steps=12, switch=4, stop_after=6) if _mode() == "gpu" else DeterminismConfig.smoke()
-    work = Path(tempfile.mkdtemp(prefix="gpu_session_determinism_"))
+    work = _work_dir("determinism")
     try:
         result = {"mode": _mode(), **determinism_check(cfg, work)}
     finally:
@@ -143,7 +151,7 @@ def determinism(out, deadline, write) -> tuple[str, dict]:
 def train_check(out, deadline, write) -> tuple[str, dict]:
     from gpu_train_check import run_checks
 
-    work = Path(tempfile.mkdtemp(prefix="gpu_session_train_check_"))
+    work = _work_dir("train_check")
     result = {"mode": _mode(), "checks": []}
 
     def on_check(checks):

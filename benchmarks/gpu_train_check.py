@@ -12,7 +12,7 @@ of value — with a deadline, what is left when it comes is recorded as skipped 
    list), then finished; without --quick every step's loss is compared with an uninterrupted reference run
    (bit-identical expected: same kernels, same order; the largest difference otherwise); seconds from signal to
    exit; with TE, the checkpoint's real `_extra_state` keys are listed;
-2. with TE: an FP8 delayed-scaling run stopped and resumed (its extra state through our checkpoint guard and TE
+2. with TE, side by side with 1: an FP8 delayed-scaling run stopped and resumed (its extra state through our checkpoint guard and TE
    >= 2.18's refusal rule), and an FP8 tensorwise run; losses finite;
 3. `tools/convert_to_hf.py --verify` on the final checkpoint, then the export loaded by `transformers` on the GPU;
 4. per-document attention equals each document alone (logits, bf16 tolerance), CLM and MLM: the local layers'
@@ -30,6 +30,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,15 +66,17 @@ class Checks:
 
     def __init__(self, deadline: float = math.inf, on_check=None):
         self.results, self.deadline, self.on_check = [], deadline, on_check
+        self.lock = threading.Lock()  # the chains record from their threads
 
     def record(self, name: str, ok: bool | None, **detail) -> bool:
-        self.results.append({"check": name, "ok": None if ok is None else bool(ok), **detail})
-        shown = ", ".join(f"{k}={v}" for k, v in detail.items() if k != "log_tail")
-        print(f"[{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}] {name}: {shown}", flush=True)
-        if ok is False and "log_tail" in detail:
-            print(detail["log_tail"], flush=True)
-        if self.on_check is not None:
-            self.on_check(self.results)
+        with self.lock:
+            self.results.append({"check": name, "ok": None if ok is None else bool(ok), **detail})
+            shown = ", ".join(f"{k}={v}" for k, v in detail.items() if k != "log_tail")
+            print(f"[{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}] {name}: {shown}", flush=True)
+            if ok is False and "log_tail" in detail:
+                print(detail["log_tail"], flush=True)
+            if self.on_check is not None:
+                self.on_check(list(self.results))
         return bool(ok)
 
     def due(self, name: str, seconds: float) -> bool:
@@ -218,144 +221,93 @@ def te_extra_state_keys(checkpoint: Path) -> list[str]:
     return sorted(k for k in metadata.state_dict_metadata if "_extra_state" in k)
 
 
-DOC_LENGTHS = [[40, 100, 60, 56], [256], [10, 246]]  # three packed rows of 256 tokens
-
-
-def _document_attention_worker(use_te: bool, out_path: str) -> None:
-    import torch
-
-    from mlmclm.model import build_model, preset, set_causal
-    from mlmclm.model.document_attention import DocumentLayout, block_diagonal_mask, packed_seq_params
-    from mlmclm.model.precision import PrecisionConfig
-    from mlmclm.parallel import ParallelConfig, current_device, destroy_parallel, init_parallel
-
-    init_parallel(ParallelConfig(), seed=3)
-    torch.manual_seed(0)
-    shape = preset("tiny")
-    # packed_segments: the local softmax then takes the causality from the mask (apex's causal kernel would drop
-    # it), so every local call below passes one — a single segment for the references.
-    chunks = build_model(shape, ParallelConfig(), PrecisionConfig(dtype="bf16"), causal=False, use_te=use_te,
-                         packed_segments=True)
-    model, device = chunks[0].eval(), current_device()
-    seq = sum(DOC_LENGTHS[0])
-    ids = torch.stack([torch.repeat_interleave(torch.arange(len(n)), torch.tensor(n)) for n in DOC_LENGTHS])
-    layout = DocumentLayout.from_document_ids(ids)
-    tokens = torch.randint(5, shape.vocab_size, ids.shape, device=device)
-    positions = torch.arange(seq, device=device).expand_as(tokens)
-    result = {}
-    with torch.no_grad():
-        for causal in (False, True):
-            set_causal(chunks, causal)
-            if use_te:  # THD: rows end to end, one sequence
-                flat = model(tokens.reshape(1, -1), torch.arange(tokens.numel(), device=device).unsqueeze(0), None,
-                             packed_seq_params=packed_seq_params(layout.to(device)))
-                packed = flat.reshape(tokens.shape[0], seq, -1)
-            else:
-                packed = model(tokens, positions, block_diagonal_mask(layout.document_ids.to(device), causal))
-            def one_segment(rows, length):
-                return None if use_te else block_diagonal_mask(torch.zeros(rows, length, dtype=torch.long,
-                                                                           device=device), causal)
-
-            across = model(tokens, positions, one_segment(*tokens.shape))
-            worst, spread = 0.0, 0.0
-            for row, lengths in enumerate(DOC_LENGTHS):
-                start = 0
-                for n in lengths:
-                    alone = model(tokens[row:row + 1, start:start + n],
-                                  torch.arange(n, device=device).unsqueeze(0), one_segment(1, n))[0].float()
-                    worst = max(worst, float((packed[row, start:start + n].float() - alone).abs().max()))
-                    spread = max(spread, float((across[row, start:start + n].float() - alone).abs().max()))
-                    start += n
-            result["causal" if causal else "bidirectional"] = {"max_abs_diff_vs_alone": worst,
-                                                              "max_abs_diff_without_mask": spread}
-    Path(out_path).write_text(json.dumps(result))
-    destroy_parallel()
-
-
-def document_attention_check(checks: Checks, out: Path, use_te: bool) -> None:
-    from mlmclm.parallel.launch import spawn
-
-    name = f"per-document attention = each document alone ({'TE, THD' if use_te else 'local layers, mask'})"
-    path = out / f"doc_attention_{'te' if use_te else 'local'}.json"
-    try:
-        spawn(_document_attention_worker, 1, use_te, str(path))
-        result = json.loads(path.read_text())
-        # bf16 logits of an untrained model are O(1): rounding differences stay far below the cross-document effect.
-        ok = all(r["max_abs_diff_vs_alone"] <= 0.05 and r["max_abs_diff_without_mask"] > 4 * r["max_abs_diff_vs_alone"]
-                 for r in result.values())
-        checks.record(name, ok, **result)
-    except Exception as err:
-        checks.record(name, False, error=f"{type(err).__name__}: {err}")
-
-
-def te_checks(checks: Checks, out: Path, data: Path, reference: Path, cpu: bool, quick: bool) -> None:
-    """With TE importable the runs above already used TE layers (`use_te` defaults to TE when available)."""
-    from mlmclm.model.precision import transformer_engine_available
-
-    available, why = transformer_engine_available()
-    if not available:
-        checks.record("transformer engine", None, skipped=f"not importable here: {why}")
-        return
-    fp8 = {"dtype": "bf16", "fp8": "hybrid", "fp8_recipe": "delayed"}
-    cfg = config(out / "fp8_delayed", data, total=8, switch=3, use_te=True, precision=fp8,
-                 checkpoint={"save_interval": 2})
-    if checks.due("FP8 delayed stopped by SIGTERM", 30):
-        if interrupt(checks, "FP8 delayed stopped by SIGTERM", cfg, out, 4, signal.SIGTERM, True, cpu) is not None:
-            if checks.due("FP8 delayed resumed (extra state through the guard)", 25):
-                run_to_end(checks, "FP8 delayed resumed (extra state through the guard)", cfg, out, cpu)
-    if checks.due("FP8 tensorwise (8 steps)", 25):
-        tensorwise = config(out / "fp8_tensorwise", data, total=8, switch=3, use_te=True,
-                            precision={**fp8, "fp8_recipe": "tensorwise"})
-        run_to_end(checks, "FP8 tensorwise (8 steps)", tensorwise, out, cpu)
-
-
-def run_checks(out: Path, cpu: bool, quick: bool, deadline: float = math.inf, on_check=None,
-               skip_te: bool = False) -> list[dict]:
-    """Every check in order of value under `deadline` (time.monotonic()); the results, each with `ok` True, False
-    or None (skipped, saying why)."""
-    from mlmclm.data.prepare import prepare_embedded_corpus
+def _bf16_chain(checks: Checks, out: Path, data: Path, cpu: bool, quick: bool) -> None:
+    """bf16 on TE layers when TE is there: stopped by a real signal through torchrun, resumed; its checkpoint's
+    TE keys; exported. Quick (the session): no uninterrupted reference — the session's determinism section
+    compares stopped and resumed runs step by step; here the stop comes through torchrun and the resume must end."""
     from mlmclm.model.precision import transformer_engine_available
     from mlmclm.train import checkpoint as ckpt
 
-    checks = Checks(deadline, on_check)
-    data = out / "data"
-    prepare_embedded_corpus(data, seq_length=SEQ, max_tokens=60_000)  # 12 steps x 16 x 128 = 24,576 tokens
-    # Quick (the session): no uninterrupted reference — the session's determinism section compares stopped and
-    # resumed runs step by step; here the stop is real (a signal through torchrun) and the resume must finish.
-    reference = out / ("interrupted" if quick else "reference")
+    reference = out / "reference"
     if not quick and checks.due("reference run (torchrun, 1 rank, bf16)", 20):
         run_to_end(checks, "reference run (torchrun, 1 rank, bf16)", config(reference, data), out, cpu)
     run_dir = out / "interrupted"
-    cfg = config(run_dir, data)
-    stopped = None
+    cfg, stopped = config(run_dir, data), None
     if checks.due("SIGTERM to mlmclm.parallel.torchrun", 20):
         stopped = interrupt(checks, "SIGTERM to mlmclm.parallel.torchrun", cfg, out, 5, signal.SIGTERM, True, cpu)
     if stopped is not None and not quick and checks.due("SIGUSR1 to plain torchrun (Slurm signals)", 20):
         stopped = interrupt(checks, "SIGUSR1 to plain torchrun (Slurm signals)", cfg, out, stopped + 3,
                             signal.SIGUSR1, False, cpu)
-    if stopped is not None and checks.due("resumed to the end", 20):
-        if run_to_end(checks, "resumed to the end", cfg, out, cpu) and not quick:
-            compare_losses(checks, "stopped and resumed vs uninterrupted: every step's loss", run_dir, reference)
-    latest = ckpt.latest_checkpoint(reference / "checkpoints") if (reference / "checkpoints").exists() else None
-    if transformer_engine_available()[0] and latest is not None:
-        keys = te_extra_state_keys(latest)
+    if stopped is None or not checks.due("resumed to the end", 20):
+        return
+    if not run_to_end(checks, "resumed to the end", cfg, out, cpu):
+        return
+    if not quick:
+        compare_losses(checks, "stopped and resumed vs uninterrupted: every step's loss", run_dir, reference)
+    if transformer_engine_available()[0]:
+        keys = te_extra_state_keys(ckpt.latest_checkpoint(run_dir / "checkpoints"))
         checks.record("TE checkpoint _extra_state keys", True, count=len(keys), sample=keys[:6])
-    if not skip_te:
-        te_checks(checks, out, data, reference, cpu, quick)
-    if (reference / "checkpoints").exists() and checks.due("convert_to_hf --verify", 30):
-        if export(checks, "convert_to_hf --verify", reference, out / "hf"):
-            load_export_on_device(checks, out / "hf")
-    for use_te in (False, True):
-        if use_te and not transformer_engine_available()[0]:
-            continue
-        if checks.due(f"per-document attention ({'TE, THD' if use_te else 'local layers, mask'})", 15):
-            document_attention_check(checks, out, use_te=use_te)
-    if not quick and transformer_engine_available()[0] and (reference / "checkpoints").exists() and \
+    if checks.due("convert_to_hf --verify", 30) and export(checks, "convert_to_hf --verify", run_dir, out / "hf"):
+        load_export_on_device(checks, out / "hf")
+    if not quick and transformer_engine_available()[0] and \
             checks.due("TE checkpoint resumed on local layers (+4 steps)", 25):
         # The TE checkpoint continued on local layers (use_te may change on resume): strict keys on real TE.
-        longer = config(reference, data, total=TOTAL + 4, use_te=False,
+        longer = config(run_dir, data, total=TOTAL + 4, use_te=False,
                         checkpoint={"save_interval": 4, "allow_resume_changes": ["total_steps", "phases", "schedule"]})
         run_to_end(checks, "TE checkpoint resumed on local layers (+4 steps)", longer, out, cpu)
+
+
+FP8 = {"dtype": "bf16", "fp8": "hybrid", "fp8_recipe": "delayed"}
+
+
+def _fp8_delayed_chain(checks: Checks, out: Path, data: Path, cpu: bool, quick: bool) -> None:
+    """Delayed scaling's amax history is checkpoint state: stopped, saved, resumed through our checkpoint guard
+    and TE >= 2.18's refusal rule (which our loader opens for vetted payloads only)."""
+    cfg = config(out / "fp8_delayed", data, total=8, switch=3, use_te=True, precision=FP8,
+                 checkpoint={"save_interval": 2})
+    if checks.due("FP8 delayed stopped by SIGTERM", 20):
+        if interrupt(checks, "FP8 delayed stopped by SIGTERM", cfg, out, 4, signal.SIGTERM, True, cpu) is not None:
+            if checks.due("FP8 delayed resumed (extra state through the guard)", 20):
+                run_to_end(checks, "FP8 delayed resumed (extra state through the guard)", cfg, out, cpu)
+
+
+def _fp8_tensorwise_chain(checks: Checks, out: Path, data: Path, cpu: bool, quick: bool) -> None:
+    if checks.due("FP8 tensorwise (8 steps)", 20):
+        cfg = config(out / "fp8_tensorwise", data, total=8, switch=3, use_te=True,
+                     precision={**FP8, "fp8_recipe": "tensorwise"})
+        run_to_end(checks, "FP8 tensorwise (8 steps)", cfg, out, cpu)
+
+
+def run_checks(out: Path, cpu: bool, quick: bool, deadline: float = math.inf, on_check=None,
+               skip_te: bool = False) -> list[dict]:
+    """Every check under `deadline` (time.monotonic()); the results, each with `ok` True, False or None (skipped,
+    saying why). The bf16 and FP8 chains run side by side (each its own runs, processes and directories: one GPU
+    holds them all), each in order of value; then per-document attention."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from document_attention_check import document_attention_check
+    from mlmclm.data.prepare import prepare_embedded_corpus
+    from mlmclm.model.precision import transformer_engine_available
+
+    checks = Checks(deadline, on_check)
+    data = out / "data"
+    prepare_embedded_corpus(data, seq_length=SEQ, max_tokens=60_000)  # 12 steps x 16 x 128 = 24,576 tokens
+    chains = [_bf16_chain]
+    te, why = transformer_engine_available()
+    if te and not skip_te:
+        chains += [_fp8_delayed_chain, _fp8_tensorwise_chain]
+    elif not te:
+        checks.record("transformer engine (FP8 checkpoints and runs)", None, skipped=f"not importable here: {why}")
+    with ThreadPoolExecutor(len(chains), thread_name_prefix="check") as pool:
+        futures = {chain.__name__: pool.submit(chain, checks, out, data, cpu, quick) for chain in chains}
+        for name, done in futures.items():
+            try:
+                done.result()
+            except Exception as err:  # one chain's crash is its failure, not the others'
+                checks.record(f"{name} crashed", False, error=f"{type(err).__name__}: {err}")
+    for use_te in ([False, True] if te else [False]):
+        if checks.due(f"per-document attention ({'TE, THD' if use_te else 'local layers, mask'})", 15):
+            document_attention_check(checks, out, use_te=use_te)
     return checks.results
 
 

@@ -38,7 +38,8 @@ def test_every_timeout_adds_up_to_one_device_command():
 
 
 def _session(out: Path, **popen):
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_SESSION_PEAK_TFLOPS": "0.05", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_SESSION_PEAK_TFLOPS": "0.05", "CUDA_VISIBLE_DEVICES": "",
+           "GPU_SESSION_WORK": str(out.parent / "work")}
     return subprocess.Popen(["bash", str(SCRIPT), str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
 
