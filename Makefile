@@ -43,15 +43,17 @@ demo: setup
 replicate-mini: setup
 	$(PY) -m recipes grid mini $(MINI_ARGS)
 
-# One GPU, < 8 min: versions, bf16/FP8 tokens/s, MFU, memory, bf16-vs-fp32 losses. In the NGC image
+# One GPU: the GPU session's sections without their timeouts (docs/gpu.md): versions, the training default's
+# tokens/s, MFU, memory and host syncs in bf16 and FP8, worst-case memory, determinism, torchrun checks. For a
+# device lent for one bounded command: bash benchmarks/gpu_session.sh OUT (540 s at most). In the NGC image
 # (cluster/Dockerfile) mlmclm is installed into the image's Python next to Transformer Engine and apex: use that
 # Python there (TE layers, FP8), not a .venv whose PyPI torch has neither. Elsewhere: .venv, megatron's local layers.
 IMAGE_PY = $(shell python3 -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('mlmclm') and u.find_spec('transformer_engine')))" >/dev/null 2>&1 && command -v python3)
 gpu-check:
 	@if [ -n "$(IMAGE_PY)" ]; then echo "gpu-check: using $(IMAGE_PY) (mlmclm installed next to Transformer Engine)"; \
-		timeout 600 $(IMAGE_PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); \
+		$(IMAGE_PY) benchmarks/gpu_check.py --out artifacts/gpu_check $(GPU_CHECK_ARGS); \
 	else $(MAKE) --no-print-directory setup && \
-		timeout 600 $(PY) benchmarks/gpu_check.py --json artifacts/gpu_check.json $(GPU_CHECK_ARGS); fi
+		$(PY) benchmarks/gpu_check.py --out artifacts/gpu_check $(GPU_CHECK_ARGS); fi
 
 # Correctness on one GPU (~7 min): torchrun/NCCL preemption and resume, HF export, per-document attention, TE/FP8.
 gpu-train-check:
@@ -59,9 +61,10 @@ gpu-train-check:
 	if [ -n "$(IMAGE_PY)" ]; then timeout 600 $(IMAGE_PY) benchmarks/gpu_train_check.py --out $$out; \
 	else $(MAKE) --no-print-directory setup && timeout 600 $(PY) benchmarks/gpu_train_check.py --out $$out; fi
 
-# The same script on CPU with a tiny shape (what CI runs).
+# The GPU session on CPU: every section in its dry-run shapes, under the session's timeouts (what CI runs:
+# tests/benchmarks/test_gpu_session.py).
 gpu-check-smoke: setup
-	$(PY) benchmarks/gpu_check.py --smoke --json artifacts/gpu_check_smoke.json
+	PYTHON=$(PY) bash benchmarks/gpu_session.sh artifacts/gpu_session_dry_run
 
 # Side-by-side CPU benchmarks (not tests): training step vs plain PyTorch + HF, loader vs raw memmap.
 bench: setup

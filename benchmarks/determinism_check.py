@@ -5,8 +5,9 @@ step 5, and one resumed step read 9.22 against 6.46.
 Every run goes through `pretrain`: the training step, its stop flag, the checkpoint and the resume that training
 uses. Four process launches, one run each: reference A, reference B (its own process, so it compiles and picks its
 kernels anew, as a second job would), run C stopped after `stop_after` steps by SIGUSR1 sent from inside that step
-(the preemption path: the flag is agreed at the step's read, C saves and exits), and C resumed in a fresh process.
-`gpu_check.py` runs this after its speed table; CPU (`--smoke`) runs it with a tiny shape. The runs are forked from
+(the preemption path: the flag is agreed at the step's read, C saves and exits) — these three side by side — then C
+resumed in a fresh process.
+The GPU session runs this as its determinism section; without CUDA with a tiny shape. The runs are forked from
 a fork server that imported the trainer once (a spawned interpreter per run paid ~8 s of imports; forking the caller
 itself hung after its own training on CPU, and cannot be done once CUDA is up).
 """
@@ -90,15 +91,21 @@ def _context():
     return _CONTEXT
 
 
-def launch(cfg_dict: dict, stop_after: int | None) -> None:
-    """One run in one new process, forked from the fork server."""
+def launch(*runs: tuple[dict, int | None]) -> None:
+    """Each (config, stop_after) run in its own new process, forked from the fork server, all at once (they are
+    independent: each its own run directory, port and process; deterministic kernels give the same result whatever
+    else shares the GPU), then waited for."""
     from mlmclm.parallel.ports import free_port
 
-    process = _context().Process(target=_in_new_process, args=(cfg_dict, stop_after, free_port()))
-    process.start()
-    process.join()
-    if process.exitcode != 0:
-        raise RuntimeError(f"the run in {cfg_dict['run_dir']} exited with {process.exitcode}")
+    processes = []
+    for cfg_dict, stop_after in runs:
+        processes.append((cfg_dict, _context().Process(target=_in_new_process, args=(cfg_dict, stop_after,
+                                                                                    free_port()))))
+        processes[-1][1].start()
+    for cfg_dict, process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"the run in {cfg_dict['run_dir']} exited with {process.exitcode}")
 
 
 def per_step(run_dir: Path) -> dict[int, tuple[float, float | None]]:
@@ -132,12 +139,14 @@ def determinism_check(cfg: DeterminismConfig, out: Path) -> dict:
                             max_tokens=max(60_000, 2 * cfg.steps * cfg.global_batch * cfg.seq_length))
     dirs = {name: out / name for name in ("a", "b", "c")}
     seconds, statuses = {}, {}
-    for name, run_dir, stop in (("a", dirs["a"], None), ("b", dirs["b"], None), ("c stop", dirs["c"], cfg.stop_after),
-                                ("c resume", dirs["c"], None)):
+    # A, B and C up to its stop side by side (one process each), then C's resume.
+    for group in ((("a", dirs["a"], None), ("b", dirs["b"], None), ("c stop", dirs["c"], cfg.stop_after)),
+                  (("c resume", dirs["c"], None),)):
         start = time.monotonic()
-        launch(run_config(cfg, run_dir, data), stop)
-        seconds[name] = round(time.monotonic() - start, 1)
-        statuses[name] = json.loads((run_dir / "run_status.json").read_text())
+        launch(*((run_config(cfg, run_dir, data), stop) for _, run_dir, stop in group))
+        for name, run_dir, _ in group:
+            seconds[name] = round(time.monotonic() - start, 1)
+            statuses[name] = json.loads((run_dir / "run_status.json").read_text())
     stopped = statuses["c stop"]["status"] == "preempted" and statuses["c stop"]["step"] == cfg.stop_after
     a, b, c = (per_step(dirs[n]) for n in ("a", "b", "c"))
     same_seed, resumed = compare(a, b), compare(a, c)

@@ -14,7 +14,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.fusions import fusion_flags
 from mlmclm.model.precision import (PrecisionConfig, attention_layout_name, fp8_attention_here, fp8_recipe_error,
-                                    transformer_engine_available)
+                                    installed_te_version, transformer_engine_available)
 from mlmclm.model.spec import block_spec
 from mlmclm.parallel import runtime
 from mlmclm.parallel.runtime import ParallelConfig, current_device
@@ -33,13 +33,15 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
     if precision.fp8 and not use_te:
         raise ValueError("precision.fp8 needs Transformer Engine layers (TE importable and a CUDA device)")
     if precision.fp8:
-        unsupported = fp8_recipe_error(runtime.gpu_capability(), precision.fp8_recipe)
+        unsupported = fp8_recipe_error(runtime.gpu_capability(), precision.fp8_recipe, installed_te_version(),
+                                       torch.version.cuda)
         if unsupported:
             raise ValueError(unsupported)
     fp8_attention = False
     if precision.fp8 and precision.fp8_attention != "off":
         fp8_attention, reason = fp8_attention_here(model.head_dim, precision.fp8_recipe,
-                                                   attention_layout_name(packed_segments, use_te), training=True)
+                                                   attention_layout_name(packed_segments, use_te), training=True,
+                                                   deterministic=deterministic)
         if precision.fp8_attention == "on" and not fp8_attention:
             raise ValueError(reason)
         log.info(reason)

@@ -13,7 +13,9 @@ three output-layer matmuls megatron's head makes (logits, input gradient, weight
 Memory: no tensor larger than one chunk's `[chunk_tokens, vocab / tp]` fp32 logits (and, in bf16, their bf16 copy
 for the matmuls) ever exists. Held from the forward to the backward, instead of the inputs: the gradient of the
 hidden states, `[n, h]` in their dtype, and the gradient of this rank's weight shard, `[v / tp, h]` in fp32 (summed
-over the chunks in fp32 and rounded once, as one big matmul would). Without gradients (validation, evaluation:
+over the chunks in fp32 and rounded once, as one big matmul would; with megatron's gradient-accumulation fusion
+never rounded: added in fp32 into the weight's `main_grad`, as megatron's fused head does —
+mlmclm.model.wgrad_fusion). Without gradients (validation, evaluation:
 `torch.no_grad()`, or inputs that do not require them) only the loss is computed: one matmul per chunk.
 
 The arithmetic is megatron's `vocab_parallel_cross_entropy`, chunk by chunk, on each rank's vocabulary shard:
@@ -38,6 +40,8 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region
 
+from mlmclm.model.wgrad_fusion import accumulate_wgrad_fp32, add_to_main_grad, fuses_wgrad
+
 # 256 tokens: at vocab 128256 one chunk's fp32 logits are 125 MiB per TP rank (the full logits of a paper-sized
 # 22.5k-token micro-batch: 11 GiB), and the weight gradient is accumulated once per chunk. Chosen, not tuned: on
 # the 2-core development machine, under the load of other jobs, a sweep of 128-1024 was noise-dominated (see
@@ -53,22 +57,25 @@ def validate_chunk_tokens(value) -> int:
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                                 token_weights: torch.Tensor | None, chunk_tokens: int, group):
+                                 token_weights: torch.Tensor | None, chunk_tokens: int, group,
+                                 fuse_wgrad: bool = False):
     """loss, losses, correct = chunked_linear_cross_entropy(hidden [n, h], weight [v/tp, h], labels [n],
-    token_weights [n] or None, chunk_tokens, group)
+    token_weights [n] or None, chunk_tokens, group, fuse_wgrad=False)
 
     `loss` is Σ token_weights × per-token cross entropy (fp32, 0-dim; token_weights None = all 1), the only
     differentiable output: its gradient in `hidden` and `weight` is computed in this forward, when grad is enabled
     and they require it. `losses` (fp32) and `correct` (0/1) per token are detached, for logging. `weight` is this
     rank's vocabulary shard (rows `rank * v/tp` onwards), `labels` global token ids. The caller makes `hidden` the
-    same on every rank of `group` and sums its gradient over them (the TP region)."""
+    same on every rank of `group` and sums its gradient over them (the TP region). `fuse_wgrad`: megatron's
+    gradient-accumulation fusion (mlmclm.model.wgrad_fusion) — the weight gradient is accumulated in fp32 with
+    apex's kernel and added into `weight.main_grad` in the backward, never rounded to the weight's dtype."""
     if token_weights is not None and token_weights.shape != labels.shape:
         raise ValueError(f"token_weights {tuple(token_weights.shape)} must match labels {tuple(labels.shape)}")
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _ChunkedLinearCE.apply(hidden, weight, labels, token_weights, chunk_tokens, group)
+        return _ChunkedLinearCE.apply(hidden, weight, labels, token_weights, chunk_tokens, group, fuse_wgrad)
     with torch.no_grad():
         loss, losses, correct, _, _ = _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens, group,
-                                                    need_hidden=False, need_weight=False)
+                                                    need_hidden=False, need_weight=False, fuse_wgrad=False)
     return loss, losses, correct
 
 
@@ -76,12 +83,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
     """The gradients, made in the forward and saved (not the inputs); the backward scales them."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, chunk_tokens: int, group):
+    def forward(ctx, hidden, weight, labels, token_weights, chunk_tokens: int, group, fuse_wgrad: bool):
         loss, losses, correct, grad_hidden, grad_weight = _chunk_passes(
             hidden, weight, labels, token_weights, chunk_tokens, group,
-            need_hidden=ctx.needs_input_grad[0], need_weight=ctx.needs_input_grad[1])
+            need_hidden=ctx.needs_input_grad[0], need_weight=ctx.needs_input_grad[1], fuse_wgrad=fuse_wgrad)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
+        # The parameter itself, not saved for backward: megatron's fused linear keeps its main_grad in ctx too.
+        ctx.fused_weight = weight if fuse_wgrad else None
         ctx.mark_non_differentiable(losses, correct)
         return loss, losses, correct
 
@@ -92,13 +101,15 @@ class _ChunkedLinearCE(torch.autograd.Function):
         # again, and the TP region's all-reduce works in place on what we return).
         if grad_hidden is not None:
             grad_hidden = grad_hidden * grad_loss
-        if grad_weight is not None:
+        if grad_weight is not None and ctx.fused_weight is not None:
+            grad_weight = add_to_main_grad(ctx.fused_weight, grad_weight, grad_loss)
+        elif grad_weight is not None:
             grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, group, need_hidden: bool,
-                  need_weight: bool):
+                  need_weight: bool, fuse_wgrad: bool):
     """The loss, per-token losses and accuracy, and (when asked) the loss's gradients, one chunk at a time."""
     rank, world = _tp_info(group)
     shard = weight.shape[0]
@@ -138,7 +149,9 @@ def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, grou
         if need_hidden:
             torch.mm(grad, weight, out=grad_hidden[lo:hi])
         if need_weight:
-            if grad.dtype == torch.float32:
+            if fuse_wgrad:  # apex's accumulating GEMM: fp32 sum, no [v, h] product in the compute dtype
+                accumulate_wgrad_fp32(inputs, grad, grad_weight)
+            elif grad.dtype == torch.float32:
                 grad_weight.addmm_(grad.t(), inputs)
             else:
                 grad_weight += (grad.t() @ inputs).float()
@@ -229,6 +242,6 @@ def chunked_head_loss(*, hidden_states, output_layer, output_weight, labels, con
         if context.loss_mask is not None:
             token_weights = context.loss_mask.transpose(0, 1).reshape(-1)
     loss, _, correct = chunked_linear_cross_entropy(flat, weight, targets, token_weights, context.chunk_tokens,
-                                                    group)
+                                                    group, fuse_wgrad=fuses_wgrad(output_layer, weight))
     context.correct = (correct * token_weights).sum() if token_weights is not None else correct.sum()
     return loss

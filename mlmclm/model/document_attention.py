@@ -18,7 +18,11 @@ up to rounding. The local path is tested against that on CPU; the THD path needs
 
 Random-length samples (`mlmclm.data.random_length`, the paper's) use the same mechanism with samples as segments:
 a micro-batch is one row of samples laid end to end, and `attention_layout` cuts it at every sample start (and,
-with per-document attention, at every document start as well); padding is a segment of its own.
+with per-document attention, at every document start as well). Padding is cut into short segments of its own
+(`PADDING_PIECE_TOKENS`, never longer than the longest real segment): one segment of it would cost attention its
+length squared — with pipeline parallelism every micro-batch is padded to the step's longest, as long as the real
+samples — and raise `max_seqlen`, which sizes TE's kernels. Padding predicts nothing and nothing attends to it, so
+the losses do not depend on how it is cut.
 """
 from __future__ import annotations
 
@@ -56,9 +60,15 @@ class DocumentLayout:
                               self.max_seqlen)
 
 
+# Padding pieces: short enough that attention over padding costs little (128 tokens: about one kernel tile), never
+# longer than the micro-batch's longest real segment (so `max_seqlen` is a real sample's).
+PADDING_PIECE_TOKENS = 128
+
+
 def attention_layout(micro_batch: dict, per_document: bool) -> DocumentLayout:
     """The layout of a loader's micro-batch: segments are its documents, or, for random-length samples (which
-    carry per-token `sample_ids` [b, S]), its samples — cut at document starts too when `per_document`."""
+    carry per-token `sample_ids` [b, S], -1 on padding), its samples — cut at document starts too when
+    `per_document` — and the padding in pieces (`padding_piece_starts`)."""
     documents = micro_batch["document_ids"]
     samples = micro_batch["sample_ids"]
     if samples.dim() != 2:
@@ -67,7 +77,28 @@ def attention_layout(micro_batch: dict, per_document: bool) -> DocumentLayout:
     starts[:, 1:] = samples[:, 1:] != samples[:, :-1]
     if per_document:
         starts[:, 1:] |= documents[:, 1:] != documents[:, :-1]
+    starts |= padding_piece_starts(starts, samples < 0)
     return DocumentLayout.from_document_ids(starts.cumsum(dim=1))
+
+
+def padding_piece_starts(starts: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """[b, S] bool: where padding pieces begin — every `piece` tokens of each run of padding, `piece` =
+    min(PADDING_PIECE_TOKENS, the longest segment of real tokens). `starts` marks the segment starts so far (a row
+    start need not be marked), `padding` the padding tokens."""
+    if not bool(padding.any()):
+        return torch.zeros_like(padding)
+    rows, seq = starts.shape
+    cuts = starts.clone()
+    cuts[:, 0] = True
+    segment = cuts.reshape(-1).cumsum(0)  # segment index of every token, rows end to end
+    real = ~padding.reshape(-1)
+    longest = int(torch.bincount(segment[real]).max()) if bool(real.any()) else PADDING_PIECE_TOKENS
+    piece = max(1, min(PADDING_PIECE_TOKENS, longest))
+    run_begins = padding.clone()
+    run_begins[:, 1:] &= ~padding[:, :-1]
+    index = torch.arange(seq).expand(rows, seq)
+    run_start = torch.where(run_begins, index, torch.zeros_like(index)).cummax(dim=1).values
+    return padding & ((index - run_start) % piece == 0)
 
 
 def block_diagonal_mask(document_ids: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -118,11 +118,34 @@ def transformer_engine_available() -> tuple[bool, str]:
     return True, "transformer_engine importable and CUDA present"
 
 
-def fp8_recipe_error(capability: tuple[int, int] | None, recipe: str) -> str | None:
-    """Why TE cannot run FP8 GEMMs with `recipe` on this GPU (None when it can). From TE's support checks
+# Per recipe, the oldest TE megatron-core 0.19 builds it with (`fp8_utils.get_fp8_recipe`): delayed and MXFP8 from
+# TE 2.1, current scaling from 2.2.0.dev0, block scaling (Float8BlockScaling) from 2.3.0.dev0 — below that the
+# recipe is not built and the first forward raises megatron's ValueError.
+RECIPE_TE_FLOOR = {"delayed": (2, 1), "mxfp8": (2, 1), "tensorwise": (2, 2), "blockwise": (2, 3)}
+# Block scaling's GEMMs need CUDA >= 12.9 (TE's `check_fp8_block_scaling_support`, TE 2.3-2.20); TE 2.3-2.8 run them
+# on Hopper only (sm90 <= capability < sm100), TE >= 2.9 on sm90 and newer.
+BLOCKWISE_MIN_CUDA = (12, 9)
+BLOCKWISE_ANY_ARCH_TE = (2, 9)
+
+
+def _release(version: str | None) -> tuple[int, ...] | None:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return None if version is None else Version(version).release
+    except InvalidVersion:
+        return None
+
+
+def fp8_recipe_error(capability: tuple[int, int] | None, recipe: str, te_version: str | None = None,
+                     cuda_version: str | None = None) -> str | None:
+    """Why TE cannot run FP8 GEMMs with `recipe` here (None when it can). From TE's support checks
     (`transformer_engine/pytorch/quantization.py`, TE 2.x: `_compute_fp8_support`, `_compute_mxfp8_support`,
-    `_compute_fp8_block_scaling_support`): FP8 needs sm89+; MXFP8 sm100-sm11x (not sm120+); block scaling sm90+
-    (and CUDA >= 12.9, which TE checks itself)."""
+    `_compute_fp8_block_scaling_support`; `fp8.py` before 2.9): FP8 needs sm89+; MXFP8 sm100-sm11x (not sm120+);
+    block scaling sm90+ (sm90-sm9x only on TE 2.3-2.8) and CUDA >= 12.9. With `te_version` (TE's `__version__`),
+    also the recipe's TE floor in megatron (RECIPE_TE_FLOOR); with `cuda_version` (`torch.version.cuda`), block
+    scaling's CUDA need — both checked here so that the run stops when its config is built, not at the first
+    forward. None for either skips that check (the pure table)."""
     if recipe not in FP8_RECIPES:
         raise ValueError(f"unknown FP8 recipe {recipe!r}; choose from {FP8_RECIPES}")
     if capability is None:
@@ -130,12 +153,33 @@ def fp8_recipe_error(capability: tuple[int, int] | None, recipe: str) -> str | N
     arch = f"sm{capability[0]}{capability[1]}"
     if tuple(capability) < (8, 9):
         return f"TE runs FP8 only on sm89 or newer, this GPU is {arch}"
+    te = _release(te_version)
+    if te is not None and te[:2] < RECIPE_TE_FLOOR[recipe]:
+        floor = ".".join(map(str, RECIPE_TE_FLOOR[recipe]))
+        return (f"precision.fp8_recipe {recipe}: megatron-core builds this recipe only with Transformer Engine >= "
+                f"{floor}, this is TE {te_version}; install transformer-engine[pytorch]>={floor} or use tensorwise")
     if recipe == "mxfp8" and not (10, 0) <= tuple(capability) < (12, 0):
         return (f"precision.fp8_recipe mxfp8: TE runs MXFP8 only on sm100-sm110 (Blackwell), this GPU is {arch}; "
                 f"use tensorwise or delayed")
-    if recipe == "blockwise" and tuple(capability) < (9, 0):
-        return f"precision.fp8_recipe blockwise: TE runs FP8 block scaling only on sm90 or newer, this GPU is {arch}"
+    if recipe == "blockwise":
+        if tuple(capability) < (9, 0):
+            return f"precision.fp8_recipe blockwise: TE runs FP8 block scaling only on sm90 or newer, this GPU is {arch}"
+        if te is not None and te[:2] < BLOCKWISE_ANY_ARCH_TE and tuple(capability) >= (10, 0):
+            return (f"precision.fp8_recipe blockwise: TE {te_version} runs FP8 block scaling on Hopper only "
+                    f"(sm90-sm9x; any sm90+ from TE 2.9), this GPU is {arch}")
+        if cuda_version is not None or te is not None:
+            cuda = _release(cuda_version)
+            if cuda is None or cuda[:2] < BLOCKWISE_MIN_CUDA:
+                return (f"precision.fp8_recipe blockwise: TE's FP8 block-scaled GEMMs need CUDA >= 12.9, this torch "
+                        f"is built for CUDA {cuda_version}; use tensorwise or an image with CUDA >= 12.9")
     return None
+
+
+def fp8_token_alignment(precision: "PrecisionConfig") -> int:
+    """Tokens per micro-batch (per tensor-parallel rank) a GEMM input must be a multiple of: megatron's
+    `fp8_utils.get_fp8_align_size` — 32 for MXFP8 (one scale per 32 values along each GEMM dimension), 16 for the
+    other FP8 recipes (TE's FP8 GEMMs); 16 without FP8 too (the same padding, whatever the precision)."""
+    return 32 if precision.fp8 and precision.fp8_recipe == "mxfp8" else 16
 
 
 ATTENTION_LAYOUTS = ("padded", "thd")  # [s, b, h, d] rows (sbhd), or packed segments (thd, cu_seqlens)
@@ -147,8 +191,15 @@ def attention_layout_name(packed_segments: bool, use_te: bool) -> str:
     return "thd" if packed_segments and use_te else "padded"
 
 
+DETERMINISTIC_FP8_ATTENTION = (
+    "FP8 attention off: deterministic training (deterministic: true) — TE drops its FP8 fused attention under "
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (TE 2.2-2.12 always; TE >= 2.13 with cuDNN < 9.19) and no other backend "
+    "runs FP8 attention ('no dot product attention backend'); TE >= 2.13 with cuDNN >= 9.19 is unverified here. "
+    "Attention runs in bf16, GEMMs in FP8")
+
+
 def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, recipe: str, layout: str,
-                           training: bool = True) -> tuple[bool, str]:
+                           training: bool = True, deterministic: bool = False) -> tuple[bool, str]:
     """Whether TE's FP8 dot-product attention can run for this GPU, shape, FP8 recipe and attention layout; the
     reason in one line.
 
@@ -163,11 +214,25 @@ def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, re
     128. Per recipe: delayed scaling on sm90+; current scaling ("tensorwise") only on sm100+ with cuDNN >= 9.14;
     MXFP8 only on sm100+ with cuDNN >= 9.21 and TE >= 2.16; block scaling never. Where support depends on versions
     we have not run, the answer is off.
+
+    `deterministic` (the run's `deterministic: true`, which sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0): TE's
+    determinism filter in `get_attention_backend` drops the FP8 fused backend in training — on every GPU in TE
+    2.2-2.12, and in TE >= 2.13 below sm90 or with cuDNN < 9.19 — and FP8 rules out the other backends, so the
+    first step would fail with "no dot product attention backend". TE >= 2.13 with cuDNN >= 9.19 keeps it, but
+    nobody here has run that: deterministic training keeps attention in bf16.
     """
     if layout not in ATTENTION_LAYOUTS:
         raise ValueError(f"unknown attention layout {layout!r}; choose from {ATTENTION_LAYOUTS}")
     if recipe not in FP8_RECIPES:
         raise ValueError(f"unknown FP8 recipe {recipe!r}; choose from {FP8_RECIPES}")
+    on, why = _fp8_attention_support(capability, head_dim, recipe, layout, training)
+    if on and deterministic and training:
+        return False, DETERMINISTIC_FP8_ATTENTION
+    return on, why
+
+
+def _fp8_attention_support(capability, head_dim: int, recipe: str, layout: str, training: bool) -> tuple[bool, str]:
+    """TE's support table for FP8 attention, determinism aside (see `fp8_attention_decision`)."""
     if capability is None:
         return False, "FP8 attention off: no CUDA device"
     major, minor = capability
@@ -212,11 +277,12 @@ def fp8_attention_decision(capability: tuple[int, int] | None, head_dim: int, re
     return True, f"FP8 attention on ({arch}, head_dim {head_dim}, delayed scaling, {mode}; needs cuDNN >= 9.7)"
 
 
-def fp8_attention_here(head_dim: int, recipe: str, layout: str, training: bool = True) -> tuple[bool, str]:
+def fp8_attention_here(head_dim: int, recipe: str, layout: str, training: bool = True,
+                       deterministic: bool = False) -> tuple[bool, str]:
     """`fp8_attention_decision` for this machine: TE must be importable, then the GPU's compute capability decides."""
     from mlmclm.parallel.runtime import gpu_capability
 
     ok, why = transformer_engine_available()
     if not ok:
         return False, f"FP8 attention off: {why}"
-    return fp8_attention_decision(gpu_capability(), head_dim, recipe, layout, training)
+    return fp8_attention_decision(gpu_capability(), head_dim, recipe, layout, training, deterministic)

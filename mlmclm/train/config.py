@@ -237,6 +237,11 @@ class TrainConfig:
                              + ": attention then runs on packed THD segments, and Transformer Engine's FP8 attention "
                                "takes only padded layouts (bshd/sbhd); set precision.fp8_attention to auto or off "
                                "(attention in bf16, GEMMs still in FP8)")
+        if self.precision.fp8 and self.precision.fp8_attention == "on" and self.deterministic:
+            raise ValueError("precision.fp8_attention: on cannot run with deterministic: true: Transformer Engine "
+                             "drops its FP8 fused attention in deterministic training (TE 2.2-2.12 always, newer TE "
+                             "with cuDNN < 9.19) and no other backend runs FP8 attention; set precision.fp8_attention "
+                             "to auto or off (attention in bf16, GEMMs still in FP8)")
 
     def worst_row_tokens(self, seq_length: int, data: DataConfig | None = None) -> int:
         """The longest row attention can see: a micro-batch of random-length samples all of the longest length

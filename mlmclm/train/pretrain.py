@@ -12,12 +12,13 @@ import torch.distributed as dist
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.train.phase_data import PhaseLoaders
+from mlmclm.train.prefetch import StepBatches
 from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
-from mlmclm.model.document_attention import attention_layout, check_local_packed_attention
-from mlmclm.model.sparse_head import flat_positions
+from mlmclm.model.document_attention import check_local_packed_attention
+from mlmclm.model.precision import fp8_token_alignment
 from mlmclm.objectives import objective_for_tokenizer
-from mlmclm.parallel import current_device, destroy_parallel, init_parallel, to_device
+from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.redact import redact, redact_tree
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
@@ -109,10 +110,11 @@ def _flops_per_step(cfg: TrainConfig, seq_length: int, objective, lengths=None) 
 
 
 def _padding(cfg: TrainConfig) -> dict:
-    """How random-length micro-batches are padded: to a multiple of 16 tokens per tensor-parallel rank (TE's FP8
-    GEMMs need token counts divisible by 16, sequence parallelism by TP), and with pipeline parallelism every
-    micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
-    return {"pad_multiple": 16 * cfg.parallel.tensor_parallel, "same_length": cfg.parallel.pipeline_parallel > 1}
+    """How random-length micro-batches are padded: to a multiple of the FP8 alignment per tensor-parallel rank
+    (`fp8_token_alignment`: 16, 32 for MXFP8; sequence parallelism divides by TP), and with pipeline parallelism
+    every micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
+    return {"pad_multiple": fp8_token_alignment(cfg.precision) * cfg.parallel.tensor_parallel,
+            "same_length": cfg.parallel.pipeline_parallel > 1}
 
 
 def _peak_tflops(cfg: TrainConfig) -> float | None:
@@ -264,9 +266,11 @@ class _Run:
             log.info(message)
 
     def _train_state(self, phase_index: int) -> dict:
+        # The data position of the last batch trained (the loaders may stand one batch further: prefetch.py).
+        consumed, loaders = self.step_batches.position()
         return {"iteration": self.iteration, "consumed_tokens": self.consumed_tokens,
-                "consumed_samples": self.data.consumed_samples, "phase_index": phase_index,
-                "phase_name": self.cfg.phases[phase_index].name, "loaders": self.data.state_dict(),
+                "consumed_samples": consumed, "phase_index": phase_index,
+                "phase_name": self.cfg.phases[phase_index].name, "loaders": loaders,
                 "consecutive_nonfinite": self.consecutive_nonfinite, "tokenizer": self.manifest.tokenizer,
                 "seq_length": self.seq, "total_steps": self.cfg.total_steps, "validation": self.validations,
                 "branched_from": self.branched_from, "rope_theta": rope_theta(self.chunks),
@@ -305,32 +309,25 @@ class _Run:
         status = "completed"
         # A segment (checkpoint.stop_at) ends early, saved; a requeued segment that already got there trains nothing.
         end = min(cfg.total_steps, cfg.checkpoint.stop_at or cfg.total_steps)
+        self.step_batches = StepBatches(cfg, self.data, self.manifest.tokenizer, self.iteration, end)
         try:
             while self.iteration < end:
                 phase_index = cfg.phase_at(self.iteration)
                 phase = cfg.phases[phase_index]
                 if phase_index != current:
                     objective = self._enter_phase(phase_index, current, logger)
-                    loader, seq = self.data.for_phase(phase_index), self.data.seq_length(phase_index)
+                    seq = self.data.seq_length(phase_index)
                     flops_per_step = _flops_per_step(cfg, seq, phase.objective)
                     current = phase_index
-                micro = loader.next_global_batch()
-                start, stop_step = bounds[phase_index]
-                mask_ratio = (None if objective.causal
-                              else phase.objective.ratio_at(self.iteration - start, stop_step - start))
-                batches, predicted, masking = self._prepare_on_host(objective, micro, mask_ratio)
-                documents = None
-                # Boundaries found on the host (no device synchronisation): documents, or random-length samples.
-                if cfg.per_document_attention or cfg.data.random_length is not None:
-                    documents = [attention_layout(mb, cfg.per_document_attention).to(self.state.device)
-                                 for mb in micro]
+                host = self.step_batches.get(self.iteration)  # built on the host while the last step ran
+                batches, predicted, documents = host.to(self.state.device)
                 result = train_step(self.ddp, self.optimizer, self.scheduler, batches,
                                     sparse_head=cfg.sparse_mlm_head, documents=documents,
                                     predicted_positions=predicted, stop_flag=stop.agreed_flag,
                                     head_chunk_tokens=cfg.head_chunk_tokens)
                 self.iteration += 1
                 gc_control.step(self.iteration)
-                lengths = getattr(loader, "last_lengths", None)  # random-length samples: the real tokens
+                lengths = host.lengths  # random-length samples: the real tokens
                 step_tokens = cfg.global_batch_size * seq if lengths is None else int(lengths.sum())
                 if lengths is not None:
                     flops_per_step = _flops_per_step(cfg, seq, phase.objective, lengths)
@@ -339,7 +336,7 @@ class _Run:
                 held_out = self._validate(phase_end, objective.causal, logger)
                 logger.step(self.iteration, phase.name, phase_index, result, self.consumed_tokens, step_tokens,
                             cfg.global_batch_size, flops_per_step, self.state.world_size, peak,
-                            extra={**masking, **held_out, "train/rope_theta": rope_theta(self.chunks),
+                            extra={**host.masking, **held_out, "train/rope_theta": rope_theta(self.chunks),
                                    "train/context_length": self.data.context_length(phase_index)})
                 if self.lock is not None:
                     self.lock.touch()
@@ -378,6 +375,7 @@ class _Run:
         finally:
             gc_control.stop()
             logger.close()
+            self.step_batches.close()  # before the loaders: they are its thread's while it builds
             self.data.close()
         if self.rank0:
             write_status(cfg, status, self.iteration, self.checkpoints[-1] if self.checkpoints else "")
@@ -397,23 +395,6 @@ class _Run:
                                   f"{self.cfg.validation.mask_ratio:g}), {results['perf/validation_s']:.2f} s",
                     self.iteration)
         return results
-
-    def _prepare_on_host(self, objective, micro: list[dict], mask_ratio: float | None = None):
-        """The objective's batches and the sparse head's positions, made on the host and then copied over.
-
-        MLM masks are counter-based (the same on every device), so nothing changes but where they are made: the
-        positions, whose count decides the head's shapes, are then known without reading the device (a second
-        host synchronisation per step on a GPU)."""
-        rate = {} if mask_ratio is None else {"mask_ratio": mask_ratio}  # this step's rate of the phase's schedule
-        batches = [objective.prepare(mb["tokens"], mb["sample_ids"], mb.get("positions"), **rate) for mb in micro]
-        predicted = None
-        if self.cfg.sparse_mlm_head and not objective.causal:
-            predicted = flat_positions([batch.loss_mask for batch in batches])
-        masking = _masking_metrics(mask_ratio, batches)  # counted here, on the host copies
-        batches = [batch.to(self.state.device) for batch in batches]
-        if predicted is not None:
-            predicted = [to_device(positions, self.state.device) for positions in predicted]
-        return batches, predicted, masking
 
     def _enter_phase(self, index: int, previous: int | None, logger: MetricsLogger):
         phase = self.cfg.phases[index]
@@ -436,16 +417,6 @@ def _mask_rate_text(objective) -> str:
     if objective.mask_schedule == "constant":
         return f"{objective.mask_ratio}"
     return f"{objective.mask_ratio} → {objective.mask_ratio_end} ({objective.mask_schedule} over the phase)"
-
-
-def _masking_metrics(mask_ratio: float | None, batches) -> dict:
-    """An MLM step's scheduled mask rate and the rate its masks realised (this data-parallel rank's micro-batches:
-    masked / maskable tokens, counted on the host before the batches went over, so no device read)."""
-    if mask_ratio is None:
-        return {}
-    maskable = sum(int(batch.num_maskable) for batch in batches)
-    masked = sum(int(batch.num_predicted) for batch in batches)
-    return {"train/mask_ratio": mask_ratio, "train/mask_ratio_realised": masked / maskable if maskable else 0.0}
 
 
 def _rewind_metrics(path: Path, step: int) -> None:

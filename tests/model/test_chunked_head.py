@@ -221,3 +221,162 @@ def test_token_weights_must_match_the_labels(group):
 def test_chunk_size_must_be_a_positive_whole_number(bad):
     with pytest.raises(ValueError, match="chunk size"):
         validate_chunk_tokens(bad)
+
+
+# ---- gradient-accumulation fusion (megatron's `gradient_accumulation_fusion`, apex's kernel on NGC images) -------
+
+def _fused_weight(seed=0):
+    """A bf16 output weight as megatron's DDP leaves it: an fp32 `main_grad` buffer and `grad_added_to_main_grad`."""
+    weight = _inputs(torch.bfloat16, seed)[1].detach().requires_grad_()
+    weight.main_grad = torch.zeros(weight.shape, dtype=torch.float32)
+    weight.grad_added_to_main_grad = False
+    return weight
+
+
+def _ddp_hook(weight):
+    """megatron-core 0.19's DDP backward hook (`_make_backward_post_hook`): a gradient autograd produced is added to
+    main_grad unless the layer already accumulated it there; then dropped."""
+    if weight.grad is not None and (not weight.grad_added_to_main_grad or getattr(weight, "zero_out_wgrad", False)):
+        weight.main_grad.add_(weight.grad.data)
+    weight.grad = None
+
+
+def _micro_batches(weight, head, micro_batches=3):
+    """Forward and backward of several micro-batches into one weight (grad_loss 1: per-token losses, bf16)."""
+    for seed in range(micro_batches):
+        hidden, _, labels, token_weights = _inputs(torch.bfloat16, seed + 10)
+        head(hidden, weight, labels, token_weights).backward()
+        _ddp_hook(weight)
+    return weight.main_grad
+
+
+def _megatron_fused_head(group):
+    from megatron.core.tensor_parallel.layers import linear_with_grad_accumulation_and_async_allreduce
+
+    def head(hidden, weight, labels, token_weights):
+        logits = linear_with_grad_accumulation_and_async_allreduce(hidden, weight, None, True, False, False,
+                                                                   tp_group=group)
+        losses = vocab_parallel_cross_entropy(logits.unsqueeze(1), labels.unsqueeze(1), tp_group=group).squeeze(1)
+        return (losses * token_weights).sum()
+    return head
+
+
+def _chunked_head(group, fuse_wgrad):
+    return lambda hidden, weight, labels, token_weights: chunked_linear_cross_entropy(
+        hidden, weight, labels, token_weights, 16, group, fuse_wgrad=fuse_wgrad)[0]
+
+
+def test_fused_weight_gradient_equals_megatrons_fused_head_in_fp32(group, monkeypatch):
+    """With the fusion, megatron's head accumulates the weight gradient of every micro-batch in fp32 into
+    main_grad; the chunked head must too. Rounding each micro-batch's gradient to bf16 first (the chunked head
+    before, and now without the fusion, as megatron's unfused head) is ~1e-3 off in norm."""
+    from tests.stand_ins import apex_wgrad
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # megatron makes its dummy "on the GPU"
+
+    with apex_wgrad.installed() as calls:
+        reference = _micro_batches(_fused_weight(), _megatron_fused_head(group))
+        assert calls["wgrad_gemm_accum_fp32"] == 3  # megatron's layer really took the fused path
+        calls.clear()
+        fused = _micro_batches(_fused_weight(), _chunked_head(group, fuse_wgrad=True))
+        assert calls["wgrad_gemm_accum_fp32"] == 3 * math.ceil(TOKENS / 16)  # one accumulating GEMM per chunk
+    rounded = _micro_batches(_fused_weight(), _chunked_head(group, fuse_wgrad=False))
+
+    def gap(grad):
+        return float((grad - reference).norm() / reference.norm())
+
+    print(f"relative gap to megatron's fused head: fused {gap(fused):.2e}, rounded {gap(rounded):.2e}")
+    assert gap(fused) <= 1e-5, gap(fused)
+    assert gap(rounded) > 1e-4, gap(rounded)  # what the test tells apart: bf16 rounding per micro-batch
+
+
+def test_fused_path_returns_megatrons_dummy_and_makes_no_vocab_sized_copies(group):
+    """The backward hands autograd a dummy (DDP then skips the add) and marks the weight; zeros when the weight is
+    shared with the embedding (`zero_out_wgrad`, whose own gradient DDP still adds). The forward makes no
+    [vocab, hidden] tensor per chunk — the accumulating GEMM writes the fp32 sum in place."""
+    from tests.stand_ins import apex_wgrad
+
+    class VocabByHidden(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            in_place = func.__name__.split(".")[0].endswith("_")
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == (VOCAB, HIDDEN) and not in_place:
+                self.made += 1
+            return out
+
+    with apex_wgrad.installed():
+        for shared in (False, True):
+            weight = _fused_weight()
+            if shared:
+                weight.zero_out_wgrad = True
+            hidden, _, labels, token_weights = _inputs(torch.bfloat16, 10)
+            with VocabByHidden() as forward:
+                loss, _, _ = chunked_linear_cross_entropy(hidden, weight, labels, token_weights, 16, group,
+                                                          fuse_wgrad=True)
+            assert forward.made == 1  # the fp32 sum itself, once (unfused: 2 more per chunk)
+            loss.backward()
+            assert weight.grad_added_to_main_grad is True and weight.grad.shape == weight.shape
+            assert weight.main_grad.abs().sum() > 0
+            if shared:
+                assert torch.count_nonzero(weight.grad) == 0
+        weight = _fused_weight()
+        with VocabByHidden() as unfused:
+            chunked_linear_cross_entropy(hidden, weight, labels, token_weights, 16, group)
+        assert unfused.made == 1 + 2 * math.ceil(TOKENS / 16)
+
+
+def _fused_model_worker(out_path):
+    """A bf16 model built as on an NGC image (gradient_accumulation_fusion on: apex's kernel, here its stand-in),
+    its DDP buffers, one CLM and one sparse-MLM step's forward/backward with each head."""
+    from mlmclm.model import ModelConfig, build_model, fusions, set_causal
+    from mlmclm.model.precision import PrecisionConfig
+    from mlmclm.objectives import ObjectiveConfig, build_objective
+    from mlmclm.parallel import ParallelConfig, destroy_parallel, init_parallel
+    from mlmclm.train.optim import OptimizerConfig, build_optimizer, wrap_ddp
+    from mlmclm.train.step import configure_model_for_schedules, forward_backward
+    from tests.stand_ins import apex_wgrad
+
+    apex_wgrad.install()
+    fusions.probe_kernels = lambda: fusions.KernelAvailability(gpu=None, apex_softmax="absent", apex_wgrad=None,
+                                                               jit_fuser="absent", te_rope="absent")
+    init_parallel(ParallelConfig(), seed=3)
+    torch.manual_seed(0)
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=1000, max_position_embeddings=64, make_vocab_divisible_by=8)
+    chunks = build_model(shape, ParallelConfig(), PrecisionConfig(dtype="bf16"), causal=True)
+    ddp = wrap_ddp(chunks, distributed_optimizer=False)
+    configure_model_for_schedules(ddp, build_optimizer(ddp, OptimizerConfig(lr=1e-3)))
+    weight = chunks[0].output_layer.weight
+    out = {"fusion": bool(chunks[0].config.gradient_accumulation_fusion)}
+    tokens = torch.randint(4, 1000, (2, 48), generator=torch.Generator().manual_seed(1))
+    for kind in ("clm", "mlm"):
+        objective = build_objective(ObjectiveConfig(kind, mask_ratio=0.4), special_token_ids=[0, 1, 2, 3],
+                                    mask_token_id=3, vocab_size=1000, seed=5)
+        set_causal(chunks, objective.causal)
+        batches = [objective.prepare(tokens, torch.arange(2)), objective.prepare(tokens.flip(1), torch.arange(2, 4))]
+        for head in (16, 0):
+            ddp[0].zero_grad_buffer()
+            apex_wgrad.calls.clear()
+            forward_backward(ddp, batches, head_chunk_tokens=head)
+            out[(kind, head)] = (weight.main_grad.clone(), apex_wgrad.calls["wgrad_gemm_accum_fp32"])
+    torch.save(out, out_path)
+    destroy_parallel()
+
+
+def test_the_training_step_accumulates_the_chunked_heads_weight_gradient_in_fp32(tmp_path):
+    """Through megatron's schedule and DDP: the chunked head's output-weight gradient over two micro-batches equals
+    megatron's fused head's within fp32 rounding (it was rounded to bf16 per micro-batch: ~2e-3 off)."""
+    from mlmclm.parallel.launch import spawn
+
+    spawn(_fused_model_worker, 1, tmp_path / "out.pt")
+    r = torch.load(tmp_path / "out.pt")
+    assert r["fusion"] is True
+    for kind in ("clm", "mlm"):
+        (chunked, chunked_calls), (whole, whole_calls) = r[(kind, 16)], r[(kind, 0)]
+        gap = float((chunked - whole).norm() / whole.norm())
+        assert gap <= 1e-5, (kind, gap)
+        assert chunked_calls > whole_calls > 0  # every linear fused; the chunked head once per chunk

@@ -43,6 +43,59 @@ def test_fp8_attention_table(arch, head_dim, recipe, mode, layout):
         assert arch in reason and f"head_dim {head_dim}" in reason
 
 
+@pytest.mark.parametrize("arch, head_dim, recipe, mode, layout", CASES)
+def test_deterministic_training_never_runs_fp8_attention(arch, head_dim, recipe, mode, layout):
+    """TE's determinism filter (`get_attention_backend`, TE 2.2-2.12: always in training; TE >= 2.13: with cuDNN
+    < 9.19) drops the FP8 fused backend, and FP8 rules out the others: "no dot product attention backend" at the
+    first step. Inference is not filtered (TE checks `is_training`)."""
+    on, reason = fp8_attention_decision(CAPABILITIES[arch], head_dim, recipe, layout, training=MODES[mode],
+                                        deterministic=True)
+    expected = (arch, head_dim, recipe, mode, layout) in ON and mode == "inference"
+    assert on == expected, reason
+    if (arch, head_dim, recipe, mode, layout) in ON and mode == "training":
+        assert "deterministic" in reason and "cuDNN < 9.19" in reason and "bf16" in reason
+
+
+def test_eurobert_2_1b_deterministic_on_hopper_keeps_attention_in_bf16(monkeypatch):
+    """What megatron is handed for the shape the decision used to turn on (head_dim 128, delayed, padded rows):
+    off when the run is deterministic; `fp8_attention: on` with `deterministic: true` is refused when read."""
+    from mlmclm.model import ModelConfig
+    from mlmclm.model.build import transformer_config
+    from mlmclm.parallel import ParallelConfig
+
+    _fake_hopper_with_te(monkeypatch)
+    shape = ModelConfig(num_layers=2, hidden_size=256, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+    delayed = PrecisionConfig(fp8="hybrid", fp8_recipe="delayed")
+    assert transformer_config(shape, ParallelConfig(), delayed, use_te=True).fp8_dot_product_attention is True
+    config = transformer_config(shape, ParallelConfig(), delayed, use_te=True, deterministic=True)
+    assert config.fp8_dot_product_attention is False
+    with pytest.raises(ValueError, match="deterministic training"):
+        transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8="hybrid", fp8_recipe="delayed",
+                                                                    fp8_attention="on"),
+                           use_te=True, deterministic=True)
+
+
+def test_fp8_attention_on_with_deterministic_is_refused_when_the_config_is_read(tmp_path):
+    from mlmclm.model import ModelConfig
+    from mlmclm.objectives import ObjectiveConfig
+    from mlmclm.train.config import DataConfig, PhaseConfig, TrainConfig
+
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+
+    def config(fp8_attention, deterministic):
+        return TrainConfig(run_dir=str(tmp_path), model=shape, total_steps=4, global_batch_size=2,
+                           data=DataConfig(path=str(tmp_path)), deterministic=deterministic,
+                           phases=[PhaseConfig(ObjectiveConfig("clm"), fraction=1.0)],
+                           precision=PrecisionConfig(fp8="hybrid", fp8_recipe="delayed", fp8_attention=fp8_attention))
+
+    config("on", False)
+    config("auto", True)
+    with pytest.raises(ValueError, match="fp8_attention: on cannot run with deterministic: true"):
+        config("on", True)
+
+
 def test_packed_thd_never_runs_fp8_attention_saying_why():
     # eurobert-2.1b (head_dim 128) on Hopper with delayed scaling: on for padded rows, off for the paper's samples.
     assert fp8_attention_decision((9, 0), 128, "delayed", "padded")[0]
@@ -93,11 +146,85 @@ def test_fp8_recipe_support_table(arch, recipe):
     assert fp8_recipe_error((12, 0), "mxfp8") is not None  # TE: MXFP8 not on 12.0+ yet
 
 
-def _fake_hopper_with_te(monkeypatch, capability=(9, 0)):
+# Block scaling by TE version, CUDA and GPU (megatron's get_fp8_recipe builds it from TE 2.3.0.dev0; TE's
+# check_fp8_block_scaling_support: CUDA >= 12.9, Hopper only in TE 2.3-2.8, sm90+ from 2.9).
+BLOCKWISE = [
+    ("2.2.0", "12.9", (9, 0), "megatron-core builds this recipe only with Transformer Engine >= 2.3"),
+    ("2.2.1", "13.0", (9, 0), ">= 2.3"),
+    ("2.3.0.dev0", "12.8", (9, 0), "CUDA >= 12.9"),
+    ("2.3.0", "12.9", (9, 0), None),
+    ("2.3.0", "12.9", (10, 0), "Hopper only"),
+    ("2.8.0", "13.0", (10, 0), "Hopper only"),
+    ("2.9.0", "13.0", (10, 0), None),
+    ("2.20.0.dev0", "13.0", (9, 0), None),
+    ("2.20.0.dev0", "12.4", (9, 0), "CUDA >= 12.9"),
+    ("2.20.0.dev0", None, (9, 0), "CUDA >= 12.9"),
+]
+
+
+@pytest.mark.parametrize("te, cuda, capability, error", BLOCKWISE)
+def test_block_scaling_floors(te, cuda, capability, error):
+    got = fp8_recipe_error(capability, "blockwise", te, cuda)
+    assert (got is None) == (error is None), got
+    if error:
+        assert error in got and "blockwise" in got
+
+
+@pytest.mark.parametrize("recipe, te, ok", [("tensorwise", "2.2.0.dev0", True), ("tensorwise", "2.1.0", False),
+                                            ("delayed", "2.1.0", True), ("delayed", "2.0.0", False),
+                                            ("blockwise", "2.2.0", False), ("blockwise", "2.3.0", True)])
+def test_each_recipe_has_its_te_floor(recipe, te, ok):
+    got = fp8_recipe_error((9, 0), recipe, te, "12.9")
+    assert (got is None) == ok, got
+
+
+def test_built_config_refuses_block_scaling_below_te_2_3(monkeypatch):
+    """At build time, not at the first forward (megatron's ValueError there): TE's version is read as megatron
+    reads it, the CUDA version is torch's."""
+    from mlmclm.model import ModelConfig
+    from mlmclm.model.build import transformer_config
+    from mlmclm.parallel import ParallelConfig
+
+    _fake_hopper_with_te(monkeypatch, te_version="2.2.1")
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="Transformer Engine >= 2.3, this is TE 2.2.1"):
+        transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8="hybrid", fp8_recipe="blockwise"), use_te=True)
+    transformer_config(shape, ParallelConfig(), PrecisionConfig(fp8="hybrid", fp8_recipe="tensorwise"), use_te=True)
+
+
+@pytest.mark.parametrize("recipe, tp, expected", [("tensorwise", 1, 16), ("delayed", 2, 32), ("mxfp8", 1, 32),
+                                                  ("mxfp8", 2, 64), ("blockwise", 2, 32)])
+def test_random_length_padding_follows_megatrons_fp8_alignment(tmp_path, recipe, tp, expected):
+    """megatron's get_fp8_align_size: 32 for MXFP8, else 16; per tensor-parallel rank (sequence parallelism)."""
+    from mlmclm.data.random_length import SampleLengths
+    from mlmclm.model import ModelConfig
+    from mlmclm.model.precision import fp8_token_alignment
+    from mlmclm.objectives import ObjectiveConfig
+    from mlmclm.parallel import ParallelConfig
+    from mlmclm.train.config import DataConfig, PhaseConfig, TrainConfig
+    from mlmclm.train.pretrain import _padding
+
+    precision = PrecisionConfig(fp8="hybrid", fp8_recipe=recipe)
+    assert fp8_token_alignment(precision) == (32 if recipe == "mxfp8" else 16)
+    assert fp8_token_alignment(PrecisionConfig(fp8_recipe="mxfp8")) == 16  # no FP8: the recipe does not matter
+    shape = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                        vocab_size=256, max_position_embeddings=64)
+    cfg = TrainConfig(run_dir=str(tmp_path), model=shape, total_steps=4, global_batch_size=2 * tp,
+                      data=DataConfig(path=str(tmp_path), random_length=SampleLengths(12, 64)),
+                      phases=[PhaseConfig(ObjectiveConfig("clm"), fraction=1.0)], precision=precision,
+                      parallel=ParallelConfig(tensor_parallel=tp, sequence_parallel=tp > 1))
+    assert _padding(cfg)["pad_multiple"] == expected
+
+
+def _fake_hopper_with_te(monkeypatch, capability=(9, 0), te_version="2.20.0"):
     from mlmclm.model import precision
     from mlmclm.parallel import runtime
 
+    from mlmclm.model import build
+
     monkeypatch.setattr(precision, "transformer_engine_available", lambda: (True, "stand-in: TE on a GPU"))
+    monkeypatch.setattr(build, "installed_te_version", lambda: te_version)
     monkeypatch.setattr(runtime, "gpu_capability", lambda: capability)
     # TE's fused THD RoPE present (packed segments need it): our probe, and megatron's presence check at config time.
     from megatron.core.models.common.embeddings import rope_utils

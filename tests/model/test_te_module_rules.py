@@ -31,8 +31,7 @@ def test_linear_shards_and_marks_its_parameters_as_te_does(te):
     assert set(dict(alone.state_dict())) == {"weight", "_extra_state"}
     with pytest.raises(AssertionError, match="parallel_mode bogus not supported"):
         te.Linear(64, 96, parallel_mode="bogus", device="cpu")
-    with pytest.raises(NotImplementedError, match="fuse_wgrad_accumulation"):
-        te.Linear(64, 96, fuse_wgrad_accumulation=True, device="cpu")
+    # fuse_wgrad_accumulation (megatron's gradient_accumulation_fusion) is modelled: test_te_stand_in_contracts.py
 
 
 def test_linear_refuses_what_te_refuses_at_forward(te):

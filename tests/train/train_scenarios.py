@@ -86,7 +86,9 @@ def run_recording(cfg_dict, record_path):
         inner = self.optimizer.chained_optimizers[0] if hasattr(self.optimizer, "chained_optimizers") else self.optimizer
         adam_steps = [int(s["step"]) for s in inner.optimizer.state.values() if "step" in s]
         records.setdefault("phases", []).append({
-            "index": index, "iteration": self.iteration, "consumed_samples": self.data.consumed_samples,
+            # The position of the batches trained so far (the loaders themselves stand one batch ahead: the next
+            # one is built while a step runs, mlmclm/train/prefetch.py).
+            "index": index, "iteration": self.iteration, "consumed_samples": self.step_batches.position()[0],
             "causal_before": is_causal(self.chunks), "adam_steps": sorted(set(adam_steps)),
             "optimizer_id": id(self.optimizer), "model_id": id(self.chunks[0])})
         objective = original_enter(self, index, previous, logger)

@@ -11,3 +11,11 @@ present, as on a GPU machine with TE (tests/train/test_te_layer_spec_run.py).
 """
 __version__ = "2.20.0.dev0+standin"
 STAND_IN = True
+
+
+def set_version(version: str) -> str:
+    """Switch the version-dependent rules the stand-in models (the extra state's: TE 2.2-2.17 or >= 2.18); returns
+    the previous version. megatron caches the version it reads (`get_te_version`) at its first look."""
+    global __version__
+    previous, __version__ = __version__, version
+    return previous

@@ -11,7 +11,9 @@ Modelled, as read from TE's constructor, `reset_parameters` and `_LayerNormLinea
   normalises only its slice of the sequence, so megatron must all-reduce their gradients over the TP group;
 - the order TE runs: normalise the local (sequence-parallel) input, then all-gather the *normalised* output along
   the sequence for a column layer, then the GEMM;
-- `return_layernorm_output(_gathered)`, userbuffers, `fuse_wgrad_accumulation`: refused.
+- `fuse_wgrad_accumulation`: the weight gradient into `weight.main_grad`, as `Linear` models it (TE's
+  `_LayerNormLinear.backward` runs the same wgrad GEMM and dummy); the norm's own gradients go to autograd;
+- `return_layernorm_output(_gathered)`, userbuffers: refused.
 Not modelled: TE's fused norm + cast kernels, FP8, and TE's refusal of CPU tensors.
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ class LayerNormLinear(_TensorParallelGemm):
                  zero_centered_gamma: bool = False, device="cuda", name=None, **options) -> None:
         super().__init__(name)
         refuse_unmodelled("LayerNormLinear", {
-            "fuse_wgrad_accumulation": fuse_wgrad_accumulation, "parameters_split": parameters_split,
+            "parameters_split": parameters_split,
             "return_layernorm_output": return_layernorm_output,
             "return_layernorm_output_gathered": return_layernorm_output_gathered, **options})
         assert normalization in ("LayerNorm", "RMSNorm"), "Unsupported normalization type!"
@@ -52,7 +54,8 @@ class LayerNormLinear(_TensorParallelGemm):
         else:
             self.layer_norm_bias = None
         self._init_gemm(in_features, out_features, sequence_parallel, tp_group, tp_size, get_rng_state_tracker,
-                        None, init_method, bias, return_bias, params_dtype, parallel_mode, device)
+                        None, init_method, bias, return_bias, params_dtype, parallel_mode, device,
+                        fuse_wgrad_accumulation)
         self.reset_parameters(defer_init=device == "meta")
 
     def reset_parameters(self, defer_init: bool = False) -> None:
@@ -68,6 +71,7 @@ class LayerNormLinear(_TensorParallelGemm):
         if fp8_output or fp8_grad:
             raise NotImplementedError("the TE LayerNormLinear stand-in models no FP8 outputs or gradients")
         inp = self.prepare_forward(inp)
+        self.is_first_microbatch = is_first_microbatch
         normalized = normalize(inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.normalization,
                                self.zero_centered_gamma)
         return self._gemm(normalized, inp.shape[1:-1])

@@ -11,9 +11,16 @@ Modelled, as read from TE's constructor, `reset_parameters` and `forward`:
   (dgrad reduce-scattered), row + SP reduce-scatters the output, row without SP all-reduces it;
 - a row layer adds its bias after the reduction; `return_bias=True` returns `(out, bias)` with the bias not added;
 - the output keeps the input's leading dimensions: `[-1, *inp.shape[1:-1], out_features]`;
-- `fuse_wgrad_accumulation`, userbuffers, `parameters_split`, `delay_wgrad_compute`, symmetric all-reduce: refused.
-Not modelled: the GEMM kernels (cuBLAS, FP8), FP8 weight caching (`is_first_microbatch` is accepted and unused,
-as it is without FP8), and TE's refusal of CPU tensors.
+- `fuse_wgrad_accumulation=True` (what megatron passes when its `gradient_accumulation_fusion` is on), as TE's
+  backward runs it (`_Linear.backward`, read at 2.2 and 2.20): the weight gradient GEMM writes into
+  `weight.main_grad` in main_grad's dtype — accumulating, except on a micro-batch marked `is_first_microbatch=True`,
+  which overwrites it — and autograd gets `get_dummy_wgrad(weight shape, weight dtype)` (zero-filled when the
+  weight has `zero_out_wgrad`) with `grad_added_to_main_grad` set, when megatron's DDP tracks that attribute,
+  else None; a weight without `main_grad` fails (AttributeError), read at the backward as TE >= 2.x's
+  `main_grad_func` reads it;
+- userbuffers, `parameters_split`, `delay_wgrad_compute`, symmetric all-reduce: refused.
+Not modelled: the GEMM kernels (cuBLAS, FP8; the wgrad GEMM accumulates in fp32 here), FP8 weight caching
+(`is_first_microbatch` only decides the main_grad overwrite), and TE's refusal of CPU tensors.
 """
 from __future__ import annotations
 
@@ -22,11 +29,11 @@ import torch.nn.functional as F
 
 from transformer_engine.pytorch.distributed import set_tensor_model_parallel_attributes
 from transformer_engine.pytorch.module._parallel import column_input, row_output
-from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
+from transformer_engine.pytorch.module.base import TransformerEngineBaseModule, get_dummy_wgrad
 
 GEMM_PARALLEL_MODES = (None, "column", "row")
 _REFUSED = ("ub_overlap_ag", "ub_overlap_rs", "ub_overlap_rs_dgrad", "ub_bulk_dgrad", "ub_bulk_wgrad",
-            "delay_wgrad_compute", "fuse_wgrad_accumulation", "parameters_split", "symmetric_ar_type",
+            "delay_wgrad_compute", "parameters_split", "symmetric_ar_type",
             "return_layernorm_output", "return_layernorm_output_gathered")
 
 
@@ -46,8 +53,11 @@ class _TensorParallelGemm(TransformerEngineBaseModule):
     """What Linear and LayerNormLinear share: the sharded weight, its attributes and the GEMM with its comms."""
 
     def _init_gemm(self, in_features, out_features, sequence_parallel, tp_group, tp_size, get_rng_state_tracker,
-                   rng_tracker_name, init_method, bias, return_bias, params_dtype, parallel_mode, device):
+                   rng_tracker_name, init_method, bias, return_bias, params_dtype, parallel_mode, device,
+                   fuse_wgrad_accumulation=False):
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.is_first_microbatch = None
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bias, return_bias
         self.apply_bias = bias and not return_bias
@@ -82,7 +92,10 @@ class _TensorParallelGemm(TransformerEngineBaseModule):
         total = column_input(inp, self.parallel_mode, self.sequence_parallel, self.tp_size, self.tp_group)
         row = self.parallel_mode == "row"
         bias = self.bias if self.apply_bias and not row else None
-        out = F.linear(total, self.weight, bias)
+        if self.fuse_wgrad_accumulation and self.weight.requires_grad and torch.is_grad_enabled():
+            out = _LinearIntoMainGrad.apply(total, self.weight, bias, self.is_first_microbatch)
+        else:
+            out = F.linear(total, self.weight, bias)
         out = row_output(out, self.parallel_mode, self.sequence_parallel, self.tp_size, self.tp_group)
         if self.apply_bias and row:
             out = out + self.bias
@@ -97,10 +110,10 @@ class Linear(_TensorParallelGemm):
                  params_dtype=None, parallel_mode=None, parameters_split=None, device="cuda", name=None,
                  **options) -> None:
         super().__init__(name)
-        refuse_unmodelled("Linear", {"fuse_wgrad_accumulation": fuse_wgrad_accumulation,
-                                     "parameters_split": parameters_split, **options})
+        refuse_unmodelled("Linear", {"parameters_split": parameters_split, **options})
         self._init_gemm(in_features, out_features, sequence_parallel, tp_group, tp_size, get_rng_state_tracker,
-                        rng_tracker_name, init_method, bias, return_bias, params_dtype, parallel_mode, device)
+                        rng_tracker_name, init_method, bias, return_bias, params_dtype, parallel_mode, device,
+                        fuse_wgrad_accumulation)
         self.reset_parameters(defer_init=device == "meta")
 
     def reset_parameters(self, defer_init: bool = False) -> None:
@@ -113,4 +126,33 @@ class Linear(_TensorParallelGemm):
         if fp8_output or fp8_grad:
             raise NotImplementedError("the TE Linear stand-in models no FP8 outputs or gradients")
         inp = self.prepare_forward(inp)
+        self.is_first_microbatch = is_first_microbatch
         return self._gemm(inp, inp.shape[1:-1])
+
+
+class _LinearIntoMainGrad(torch.autograd.Function):
+    """The GEMM with `fuse_wgrad_accumulation`: its weight gradient goes into `weight.main_grad` (see the module)."""
+
+    @staticmethod
+    def forward(ctx, inp, weight, bias, is_first_microbatch):
+        ctx.save_for_backward(inp, weight)
+        ctx.weight, ctx.has_bias = weight, bias is not None
+        ctx.accumulate = True if is_first_microbatch is None else not is_first_microbatch
+        return F.linear(inp, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inp, weight = ctx.saved_tensors
+        main_grad = ctx.weight.main_grad  # AttributeError without one, as in TE
+        flat_grad, flat_inp = grad.reshape(-1, grad.shape[-1]), inp.reshape(-1, inp.shape[-1])
+        wgrad = (flat_grad.float().t() @ flat_inp.float()).to(main_grad.dtype)
+        if ctx.accumulate:
+            main_grad.add_(wgrad)
+        else:
+            main_grad.copy_(wgrad)
+        dummy = None
+        if hasattr(ctx.weight, "grad_added_to_main_grad"):
+            ctx.weight.grad_added_to_main_grad = True
+            dummy = get_dummy_wgrad(list(weight.shape), weight.dtype, zero=getattr(ctx.weight, "zero_out_wgrad", False))
+        grad_bias = flat_grad.sum(0) if ctx.has_bias else None
+        return grad @ weight, dummy, grad_bias, None

@@ -1,0 +1,102 @@
+"""The GPU session's findings as text, from the sections' JSON files (stdlib only: `gpu_session.py finish` prints it
+even when nothing else can run). A section that did not write its file is said to be missing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _load(out: Path, name: str) -> dict | None:
+    path = out / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _num(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _speed(data: dict) -> list[str]:
+    result = data["result"]
+    lines = [f"  peak TFLOP/s {_num(result.get('peak_tflops'), '.4g')} ({result.get('peak_source')})"]
+    if result.get("skipped"):
+        lines.append(f"  skipped: {result['skipped']}")
+    for r in result.get("rows", []):
+        syncs = r.get("host_syncs_per_step")
+        lines.append(f"  {r['model']:<32}{r['precision']:<11}{r['objective']:<4} {r['layout']:<26}"
+                     f"{_num(r['tokens_per_s'], ',.0f'):>10} tok/s  MFU {_num(r['mfu'] and 100 * r['mfu'], '.1f'):>5}%"
+                     f"  {_num(r['peak_memory_gib'], '.1f'):>6} GiB  syncs {syncs if syncs is not None else '-'}"
+                     f"  FP8 attn {r.get('fp8_attention')}  {r['status']}{': ' + r['reason'] if r['reason'] else ''}")
+    for ratio in result.get("fp8_over_bf16", []):
+        lines.append(f"  {ratio['precision']}/bf16 {ratio['model']} {ratio['objective']}: {ratio['fp8_over_bf16']:.2f}x")
+    return lines
+
+
+def _memory(data: dict) -> list[str]:
+    result = data["result"]
+    lines = [f"  {result.get('model')} CLM, {result.get('samples')} samples, {result.get('tokens')} tokens"
+             + (f": {result['error']}" if result.get("error") else "")]
+    for head, f in result.get("heads", {}).items():
+        lines.append(f"  {head} head: measured {_num(f.get('measured_gib'), '.1f')} GiB, estimated "
+                     f"{_num(f.get('estimated_gib'), '.1f')} GiB -> {f.get('status')}")
+    return lines
+
+
+def _determinism(data: dict) -> list[str]:
+    result = data["result"]
+    lines = []
+    for name in ("same_seed", "stop_and_resume"):
+        r = result.get(name)
+        if r:
+            verdict = "bit-identical" if r["bit_identical"] else f"differs from step {r['first_differing_step']}"
+            lines.append(f"  {name}: {verdict} (max |loss diff| {r['max_abs_loss_diff']:.3g}, {r['steps']} steps)")
+    return lines + [f"  passed: {result.get('passed')} {result.get('error') or ''}"]
+
+
+def _checks(data: dict) -> list[str]:
+    return [f"  [{'SKIP' if c['ok'] is None else 'PASS' if c['ok'] else 'FAIL'}] {c['check']}"
+            + (f": {c['skipped']}" if c.get("skipped") else "") for c in data["result"].get("checks", [])]
+
+
+def _features(data: dict) -> list[str]:
+    result = data["result"]
+    agreement = result.get("bf16_vs_fp32", {})
+    lines = [f"  bf16 vs fp32: max relative loss difference {_num(agreement.get('max_rel_diff'), '.4f')} -> "
+             f"{'PASS' if agreement.get('passed') else 'FAIL ' + str(agreement.get('error') or '')}"]
+    table = result.get("features", {})
+    for row in table.get("rows", []):
+        lines.append(f"  {row['variant']:<30}{row['tokens_per_s']:>10,.0f} tok/s  defaults {row['defaults_speedup']:.2f}x")
+    if table.get("skipped") or table.get("error"):
+        lines.append(f"  feature table: {table.get('skipped') or table.get('error')}")
+    return lines
+
+
+def _environment(data: dict) -> list[str]:
+    r = data["result"]
+    return [f"  torch {r.get('torch')} CUDA {r.get('cuda')} cuDNN {r.get('cudnn')} TE {r.get('transformer_engine')} "
+            f"megatron-core {r.get('megatron_core')} device {r.get('device', {}).get('name')}",
+            f"  layer spec {r.get('layer_spec')} ({r.get('layer_spec_reason')})", f"  {r.get('fused_kernels')}",
+            f"  TE smoke: {r.get('te_smoke')}", f"  FP8 recipes (None = runs): {r.get('fp8_recipes')}"]
+
+
+FORMATS = {"environment": _environment, "speed_bf16": _speed, "speed_fp8": _speed, "memory": _memory,
+           "determinism": _determinism, "train_check": _checks, "features": _features}
+
+
+def report(out: Path) -> str:
+    lines = []
+    for name, format_section in FORMATS.items():
+        data = _load(out, name)
+        if data is None:
+            lines.append(f"{name}: no file (did not run or did not finish)")
+            continue
+        lines.append(f"{name}: {data['status']} in {data.get('seconds')} s ({data.get('mode') or data['result'].get('mode')})")
+        try:
+            lines += format_section(data)
+        except (KeyError, TypeError) as err:  # a partial file: show what is there
+            lines.append(f"  (incomplete: {type(err).__name__} {err})")
+        if data["result"].get("error"):
+            lines.append(f"  error: {data['result']['error']}")
+    return "\n".join(lines)
