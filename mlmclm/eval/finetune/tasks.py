@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlmclm.eval.splits import paper_validation_split, seeded_query_halves, shuffled
-from mlmclm.eval.tags import TAG_SCHEMES, TagError, check_tags, tag_inventory
+from mlmclm.eval.data.splits import paper_validation_split, seeded_query_halves, shuffled
+from mlmclm.eval.finetune.tags import TAG_SCHEMES, TagError, check_tags, tag_inventory
 from mlmclm.path_names import check_path_component
 
 FAMILIES = ("classification", "token_classification", "qa", "retrieval")
@@ -86,7 +86,7 @@ class TaskSpec:
         if self.family not in FAMILIES:
             raise ValueError(f"task {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
         if self.source is not None:
-            from mlmclm.eval.sources import TASK_SOURCES
+            from mlmclm.eval.data.sources import TASK_SOURCES
 
             if self.source not in TASK_SOURCES or self.hf_name is not None:
                 raise ValueError(f"task {self.name!r}: source must be one of {sorted(TASK_SOURCES)} (without "
@@ -389,8 +389,8 @@ def load_extra_tests(spec: TaskSpec) -> dict[str, EvalSet]:
 
 
 def _read_source_splits(spec: TaskSpec) -> dict[str, SourceRows]:
-    from mlmclm.eval.data_root import fetched_root, hub_root
-    from mlmclm.eval.sources import TASK_SOURCES, read_task_source
+    from mlmclm.eval.data.data_root import fetched_root, hub_root
+    from mlmclm.eval.data.sources import TASK_SOURCES, read_task_source
 
     wanted = {split: source for split, source in _source_splits(spec).items()
               if source in TASK_SOURCES[spec.source].splits}
