@@ -28,7 +28,7 @@ from mlmclm.eval.finetune.presets import PAPER_TASKS, PRESETS, paper_suite, pres
 from mlmclm.eval.finetune.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig,
                                            load_records, run_grid)
 from mlmclm.eval.finetune.suite_plan import describe_suite
-from mlmclm.eval.finetune.tasks import TaskDataError, load_task_specs
+from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.reports.summary import write_summary
 from mlmclm.train.checkpoint import CheckpointError

@@ -14,7 +14,8 @@ from eval_fixtures import WORDS, make_task_folder, save_tiny_model
 from mlmclm.eval.finetune.presets import paper_task
 from mlmclm.eval.finetune.protocol import ProtocolConfig
 from mlmclm.eval.finetune.runner import finetune_and_score
-from mlmclm.eval.finetune.tasks import TaskSpec, load_task
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskSpec
 from mlmclm.eval.finetune.training import budget_steps, default_max_length, load_tokenizer
 from tools.evaluate import main as evaluate
 

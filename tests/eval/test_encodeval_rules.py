@@ -23,7 +23,7 @@ from mlmclm.eval.finetune.heads import SpanQAModel
 from mlmclm.eval.finetune.presets import paper_task
 from mlmclm.eval.finetune.protocol import ProtocolConfig
 from mlmclm.eval.finetune.runner import finetune_and_score
-from mlmclm.eval.finetune.tasks import load_task
+from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.token_classification import IGNORE, encode_words
 from mlmclm.eval.finetune.training import pad_batch
 from tools.evaluate import main as evaluate
@@ -206,7 +206,7 @@ def test_paper_grid_prints_encodevals_score_and_the_standard_one(model_dir, pape
 
 
 def test_rules_are_checked_where_the_task_is_declared(tmp_path):
-    from mlmclm.eval.finetune.tasks import TaskSpec
+    from mlmclm.eval.finetune.task_spec import TaskSpec
 
     with pytest.raises(ValueError, match="rules must be one of"):
         TaskSpec(name="t", family="qa", path=str(tmp_path), rules="paper")

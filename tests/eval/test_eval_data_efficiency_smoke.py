@@ -7,7 +7,8 @@ from eval_fixtures import make_task_folder, save_tiny_model
 from mlmclm.eval.checks.smoke import run_smoke_evaluation
 from mlmclm.eval.checks.smoke_tasks import SmokeSizes, write_smoke_tasks
 from mlmclm.eval.finetune.protocol import ProtocolConfig
-from mlmclm.eval.finetune.tasks import TaskSpec, load_task
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskSpec
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints, list_checkpoints, read_curve
 
 

@@ -16,7 +16,8 @@ from transformers import AutoTokenizer, EuroBertConfig, EuroBertForMaskedLM
 from mlmclm.data.tokenizer import train_bpe
 from mlmclm.eval.checks.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
 from mlmclm.eval.finetune.protocol import RunRecord, run_grid
-from mlmclm.eval.finetune.tasks import TaskDataError, TaskSpec, load_task
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
 from mlmclm.eval.finetune.token_classification import IGNORE, encode_words, word_predictions
 from mlmclm.eval.reports.compare import stability_boxes
 from mlmclm.eval.reports.summary import task_results, write_summary

@@ -6,7 +6,7 @@ from eval_fixtures import make_task_folder
 
 from mlmclm.eval.finetune.protocol import (ProtocolConfig, RunRecord, load_records, run_grid, run_path,
                                            select_learning_rate)
-from mlmclm.eval.finetune.tasks import TaskSpec
+from mlmclm.eval.finetune.task_spec import TaskSpec
 from mlmclm.eval.reports.summary import family_results, stability_results, summary_markdown, task_results, write_summary
 
 

@@ -15,7 +15,7 @@ from mlmclm.eval.data.data_root import DataRootError
 from mlmclm.eval.data.fetch import FetchError, fetch_suite, huggingface_hub, mirror
 from mlmclm.eval.finetune.presets import paper_task
 from mlmclm.eval.finetune.protocol import ProtocolConfig
-from mlmclm.eval.finetune.tasks import load_task
+from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.token_classification import voted_tags
 from mlmclm.eval.finetune.training import budget_steps
 from tools.evaluate import main as evaluate

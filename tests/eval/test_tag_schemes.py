@@ -13,7 +13,8 @@ from seqeval.scheme import IOB2
 from mlmclm.eval.finetune.metrics import entity_f1
 from mlmclm.eval.finetune.presets import paper_task
 from mlmclm.eval.finetune.tags import entity_starts
-from mlmclm.eval.finetune.tasks import TaskDataError, TaskSpec, load_task
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
 
 
 def iob1_to_iob2(tags):

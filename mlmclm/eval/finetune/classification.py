@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalSequenceClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, text_inputs
 from mlmclm.eval.finetune.metrics import accuracy
-from mlmclm.eval.finetune.tasks import TaskData, TaskSpec
+from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
                                            max_length_of, pad_batch, seed_everything, train)
 

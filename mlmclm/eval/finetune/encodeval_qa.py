@@ -18,7 +18,7 @@ import torch
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalTokenClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, qa_inputs
 from mlmclm.eval.finetune.encodeval_scores import qa_answer_positions, qa_score
-from mlmclm.eval.finetune.tasks import TaskData
+from mlmclm.eval.finetune.task_spec import TaskData
 from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, max_length_of, pad_batch,
                                            seed_everything, train)
 

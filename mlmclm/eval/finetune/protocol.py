@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.finetune.runner import finetune_and_score
-from mlmclm.eval.finetune.tasks import TaskData, TaskSpec, load_task
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
 

@@ -14,7 +14,7 @@ from torch import nn
 from mlmclm.eval.finetune.encodeval_qa import run_encodeval_qa
 from mlmclm.eval.finetune.heads import SpanQAModel
 from mlmclm.eval.finetune.metrics import squad_scores
-from mlmclm.eval.finetune.tasks import TaskData
+from mlmclm.eval.finetune.task_spec import TaskData
 from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
                                            max_length_of, pad_batch, seed_everything, train)
 

@@ -21,7 +21,7 @@ from mlmclm.eval.finetune.encodeval_inputs import (encodeval_tokenizer, retrieva
 from mlmclm.eval.finetune.encodeval_scores import retrieval_score
 from mlmclm.eval.finetune.heads import MeanPoolingEncoder, info_nce_loss
 from mlmclm.eval.finetune.metrics import ndcg_at_k
-from mlmclm.eval.finetune.tasks import TaskData
+from mlmclm.eval.finetune.task_spec import TaskData
 from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
                                            max_length_of, pad_batch, seed_everything, train)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from mlmclm.eval.finetune.classification import run_classification
 from mlmclm.eval.finetune.qa import run_qa
 from mlmclm.eval.finetune.retrieval import run_retrieval
-from mlmclm.eval.finetune.tasks import TaskData
+from mlmclm.eval.finetune.task_spec import TaskData
 from mlmclm.eval.finetune.token_classification import run_token_classification
 from mlmclm.eval.finetune.training import FinetuneConfig, RunOutcome
 

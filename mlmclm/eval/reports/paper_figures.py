@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlmclm.atomic_write import atomic_file
 from mlmclm.eval.finetune.protocol import RunRecord
-from mlmclm.eval.finetune.tasks import FAMILY_SHORT
+from mlmclm.eval.finetune.task_spec import FAMILY_SHORT
 from mlmclm.eval.reports.summary import family_results
 
 OBJECTIVE_COLOURS = {"MLM": "tab:blue", "CLM": "tab:orange", "biphasic": "tab:green", "CPT": "tab:purple"}

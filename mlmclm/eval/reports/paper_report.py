@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.finetune.protocol import RUNS_FOLDER, RunRecord
-from mlmclm.eval.finetune.tasks import FAMILY_SHORT
+from mlmclm.eval.finetune.task_spec import FAMILY_SHORT
 from mlmclm.eval.reports.data_efficiency import CURVE_FILE
 from mlmclm.eval.reports.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
 from mlmclm.eval.reports.pretraining_runs import PretrainedModel, PretrainingInputError, load_pretraining

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from mlmclm.eval.finetune.metrics import mean_ci95
 from mlmclm.eval.finetune.protocol import RunRecord
-from mlmclm.eval.finetune.tasks import FAMILY_SHORT
+from mlmclm.eval.finetune.task_spec import FAMILY_SHORT
 from mlmclm.eval.reports.pretraining_runs import PretrainedModel
 from mlmclm.eval.reports.summary import family_results, task_results
 
