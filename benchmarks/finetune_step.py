@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Fine-tuning speed: our loop (`mlmclm.eval.training.train`, what every `tools/evaluate.py` run uses) against
-transformers' `Trainer` (what EncodEval runs), side by side in one process, on the same model (a random EuroBERT
-encoder under EncodEval's sequence-classification head, `mlmclm.eval.encodeval_heads` — what `--suite paper` trains;
-`--head eurobert`: transformers' EuroBertForSequenceClassification, what custom suites train), task (fixed-length
-random token rows, 2 labels), batch, precision and optimiser (AdamW β (0.9, 0.95), eps 1e-5, weight decay 0.1, 10 %
-warmup + linear decay, clip 1.0).
+"""Fine-tuning speed: our loop (`mlmclm.eval.finetune.training.train`, what every `tools/evaluate.py` run uses) against
+transformers' `Trainer` (what EncodEval runs), side by side in one process, on the same model (a random EuroBERT encoder
+under EncodEval's sequence-classification head, `mlmclm.eval.finetune.encodeval_heads` — what `--suite paper` trains;
+`--head eurobert`: transformers' EuroBertForSequenceClassification, what custom suites train), task (fixed-length random
+token rows, 2 labels), batch, precision and optimiser (AdamW β (0.9, 0.95), eps 1e-5, weight decay 0.1, 10 % warmup +
+linear decay, clip 1.0).
 
     python benchmarks/finetune_step.py                               # hidden 256, 4 layers, seq 128, batch 32, fp32
     python benchmarks/finetune_step.py --dtype bfloat16 --rounds 5 --steps 30
@@ -27,7 +27,7 @@ import torch
 def build(args, folder):
     from transformers import EuroBertConfig, EuroBertForSequenceClassification, EuroBertModel
 
-    from mlmclm.eval.encodeval_heads import EncodEvalSequenceClassifier
+    from mlmclm.eval.finetune.encodeval_heads import EncodEvalSequenceClassifier
 
     torch.manual_seed(0)
     config = EuroBertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -47,7 +47,7 @@ def build(args, folder):
 
 
 def ours(model, rows, args) -> float:
-    from mlmclm.eval.training import FinetuneConfig, in_precision, pad_batch, train
+    from mlmclm.eval.finetune.training import FinetuneConfig, in_precision, pad_batch, train
 
     config = FinetuneConfig(learning_rate=1e-4, max_steps=args.steps, max_epochs=None, batch_size=args.batch,
                             dtype=args.dtype)
@@ -62,7 +62,7 @@ def trainer(model, rows, args, folder) -> float:
     from transformers import Trainer, TrainingArguments
     from transformers.utils import logging
 
-    from mlmclm.eval.training import pad_batch
+    from mlmclm.eval.finetune.training import pad_batch
 
     logging.set_verbosity_error()
     bf16 = args.dtype == "bfloat16"

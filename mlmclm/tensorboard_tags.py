@@ -1,5 +1,5 @@
 """TensorBoard's names for the trainer's metrics, in one place for the writer (mlmclm/train/logger.py) and the
-readers (mlmclm/eval/tensorboard_logs.py).
+readers (mlmclm/eval/reports/tensorboard_logs.py).
 
 `metrics.jsonl` keeps the trainer's own keys (`train/clm/loss`, `val/mlm/loss`, `perf/tokens_per_s`, ...): scripts
 and tests read those. TensorBoard gets a layout chosen for what it draws:

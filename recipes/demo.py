@@ -27,8 +27,9 @@ from mlmclm import cpu_kernels
 cpu_kernels.pin()
 from mlmclm import quiet  # noqa: E402
 # shared with the mini-replication; imported here under the names the demo has always used
-from mlmclm.eval.fill_mask import (corpus_split, fill_mask_scores, held_back_passages, load_mlm,  # noqa: E402, F401
-                                   masked_positions, unigram_entropy, unigram_fill_mask_scores, validation_losses)
+from mlmclm.eval.checks.fill_mask import (corpus_split, fill_mask_scores, held_back_passages,  # noqa: E402, F401
+                                          load_mlm, masked_positions, unigram_entropy, unigram_fill_mask_scores,
+                                          validation_losses)
 
 DEMO_STEPS = 400
 CLM_SHARE = 0.25
@@ -40,7 +41,7 @@ DEMO_OVERRIDES = ("tensor_parallel=1", "global_batch_size=8", "micro_batch_size=
                   "mask_ratio=0.15", f"clm_share={CLM_SHARE}")
 HELD_BACK_PASSAGES = 60  # passages of 6 lines of the held-back work scored by fill-mask
 VALIDATION_EVERY = 8  # every 8th work (4 of the 41 training works) is the validation split
-# Smoke tasks the demo's models learn within the smoke budget (mlmclm/eval/smoke.py). smoke_which_play and
+# Smoke tasks the demo's models learn within the smoke budget (mlmclm/eval/checks/smoke.py). smoke_which_play and
 # smoke_speech_halves stay at chance for every model at this size (4 layers, 128 wide, 400 steps): they are left to
 # `tools/evaluate.py grid --smoke`, where they check that the classification and retrieval paths run.
 DEMO_SMOKE_TASKS = ("smoke_speaker_names", "smoke_named_character")
@@ -299,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_eval:
         _say(console, f"done in {time.time() - started:.0f} s")
         return 0
-    from mlmclm.eval.protocol import load_records
-    from mlmclm.eval.smoke import SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS, run_smoke_evaluation
-    from mlmclm.eval.smoke_tasks import SmokeSizes
+    from mlmclm.eval.checks.smoke import SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS, run_smoke_evaluation
+    from mlmclm.eval.checks.smoke_tasks import SmokeSizes
+    from mlmclm.eval.finetune.protocol import load_records
 
     sizes = SmokeSizes()
     smoke_steps = args.smoke_steps if args.smoke_steps is not None else SMOKE_MAX_STEPS

@@ -72,8 +72,8 @@ def paper_grid() -> list[GridRun]:
 
 def paper_catalogue() -> PaperGrid:
     """What each paper-grid run name stands for (objective, size, budget, CLM steps, mask ratio) and the split x
-    budget study, for the paper report's figures (mlmclm/eval/paper_figures.py)."""
-    from mlmclm.eval.paper_figures import PaperGrid, PaperRun  # the report's types; launches need none of eval
+    budget study, for the paper report's figures (mlmclm/eval/reports/paper_figures.py)."""
+    from mlmclm.eval.reports.paper_figures import PaperGrid, PaperRun  # the report's types; launches need none of eval
 
     runs = {}
     for entry in paper_grid():
@@ -113,7 +113,8 @@ MINI_COMMON = {"lr": 2e-3, "micro_batch": 4, "validation_samples": 32}
 
 
 def seed_label(name: str, seed: int) -> str:
-    """A pretraining seed's run of `name`: the `-s<seed>` suffix the report groups by (mlmclm.eval.seed_groups)."""
+    """A pretraining seed's run of `name`: the `-s<seed>` suffix the report groups by
+    (mlmclm.eval.reports.seed_groups)."""
     return f"{name}-s{seed}"
 
 

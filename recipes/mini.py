@@ -3,7 +3,7 @@ real grid's code — the sweep (recipes/sweep.py) launches the mini grid (recipe
 pretraining seed MLM-40 % and CLM from scratch, CLM→MLM branches of the CLM run's stable phase, MLM continued from
 both decayed runs) on the tiny recipes; every final checkpoint is exported to Hugging Face EuroBERT; each export
 is scored by fill-mask on passages of the held-back work and fine-tuned on the smoke tasks (mlmclm.eval); the
-paper report (mlmclm/eval/paper_report.py) draws the figures with 95 % CIs over pretraining seeds.
+paper report (mlmclm/eval/reports/paper_report.py) draws the figures with 95 % CIs over pretraining seeds.
 
     python -m recipes grid mini                     # 3 seeds × 7 runs; ~30 min on 2 CPU cores
     python -m recipes grid mini --plan              # the runs, their parents and state; nothing is run
@@ -107,7 +107,7 @@ class GridProgress(threading.Thread):
 def validation_curve(planned_run, by_name) -> list[list[float]]:
     """[step, val CLM, val MLM] of the run's whole history: a branch's steps up to its branch point are its
     parent's (the same steps), a continued run starts (step 0) where its decayed parent ended."""
-    from mlmclm.eval.fill_mask import validation_losses
+    from mlmclm.eval.checks.fill_mask import validation_losses
 
     entry = planned_run.entry
     own = validation_losses(planned_run.host_dir)
@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     if measured.returncode:
         return measured.returncode
     print(f"[5/5] the paper report over pretraining seeds → {out}", file=console)
-    from mlmclm.eval.paper_report import ReportInputError, write_report
-    from mlmclm.eval.pretraining_runs import PRETRAINING_FILE
+    from mlmclm.eval.reports.paper_report import ReportInputError, write_report
+    from mlmclm.eval.reports.pretraining_runs import PRETRAINING_FILE
 
     try:
         check_out(out, args.force)  # again: someone may have written there while the runs trained
@@ -219,7 +219,7 @@ def pretrain(planned, work: Path, console) -> int:
     every unfinished run; returns how many runs trained now."""
     from mlmclm.data.tokenizer import load_tokenizer
     from recipes.demo import VALIDATION_EVERY
-    from mlmclm.eval.fill_mask import corpus_split
+    from mlmclm.eval.checks.fill_mask import corpus_split
     from recipes import launch, sweep
     from recipes.tiny import prepare_tiny_data
 
@@ -267,9 +267,9 @@ def measure(planned, exports: dict[str, Path], work: Path, args, console) -> dic
 
     from mlmclm.data.tokenizer import load_tokenizer
     from recipes.demo import HELD_BACK_PASSAGES, VALIDATION_EVERY
-    from mlmclm.eval.fill_mask import (corpus_split, fill_mask_scores, held_back_passages,
-                                       unigram_fill_mask_scores)
-    from mlmclm.eval.pretraining_runs import write_pretraining
+    from mlmclm.eval.checks.fill_mask import (corpus_split, fill_mask_scores, held_back_passages,
+                                              unigram_fill_mask_scores)
+    from mlmclm.eval.reports.pretraining_runs import write_pretraining
 
     _, held_back, counts = corpus_split(load_tokenizer("embedded"), VALIDATION_EVERY)
     passages = held_back_passages(held_back.text, args.passages or HELD_BACK_PASSAGES)
@@ -294,7 +294,7 @@ def measure(planned, exports: dict[str, Path], work: Path, args, console) -> dic
 
 def evaluate(exports: dict[str, Path], work: Path, args, console) -> Path:
     from recipes.demo import DEMO_SMOKE_TASKS
-    from mlmclm.eval.smoke import SMOKE_MAX_STEPS, run_smoke_evaluation
+    from mlmclm.eval.checks.smoke import SMOKE_MAX_STEPS, run_smoke_evaluation
 
     steps = args.smoke_steps or SMOKE_MAX_STEPS
     print(f"      fine-tuning {len(exports)} models on {', '.join(DEMO_SMOKE_TASKS)} ({steps} steps, 1 seed each)",
@@ -306,7 +306,7 @@ def evaluate(exports: dict[str, Path], work: Path, args, console) -> Path:
 def write_index(out: Path, command: str, wall: float, trained: int, total: int, measured: dict,
                 report: Path) -> None:
     """run.json (what ran, how long) and README.md: the command, its wall time, the table over seeds, the figures."""
-    from mlmclm.eval.paper_report import SEEDS_TABLE_MD
+    from mlmclm.eval.reports.paper_report import SEEDS_TABLE_MD
 
     seeds = sorted({r["seed"] for r in measured["runs"]})
     facts = {"written_by": "recipes.mini", "command": command, "wall_time_s": round(wall, 1),

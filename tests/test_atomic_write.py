@@ -89,7 +89,7 @@ def _checkpoint_json(folder):
 
 
 def _eval_record(folder):
-    from mlmclm.eval.protocol import write_json_atomic
+    from mlmclm.eval.finetune.protocol import write_json_atomic
 
     write_json_atomic(folder / "lr0.0001_seed0.json", {"a": 1})
 

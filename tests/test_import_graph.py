@@ -1,12 +1,16 @@
 """The project's imports point one way: no module reaches itself through others (lazy, in-function imports
 included — a circle makes the order modules load in matter and hides which one owns what), and the library
-(`mlmclm`) imports nothing from the layers built on it (`recipes`, `cluster`, `tools`, `benchmarks`)."""
+(`mlmclm`) imports nothing from the layers built on it (`recipes`, `cluster`, `tools`, `benchmarks`), and the
+evaluation's rooms (`mlmclm/eval/<room>/`) import only the rooms below them."""
 import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("mlmclm", "recipes", "cluster", "tools", "benchmarks")
 ABOVE_THE_LIBRARY = ("recipes", "cluster", "tools", "benchmarks")
+# mlmclm/eval's sub-packages, lowest first: each may import itself and the ones before it, never one after it
+# (the data the suite reads < fine-tuning and scoring < reports from run records < the demo's smoke checks).
+EVAL_ROOMS = ("data", "finetune", "reports", "checks")
 
 
 def _module_name(path: Path) -> str:
@@ -90,3 +94,32 @@ def test_the_library_imports_nothing_built_on_it():
                     if module.split(".")[0] == "mlmclm" for target in targets
                     if target.split(".")[0] in ABOVE_THE_LIBRARY)
     assert upward == []
+
+
+def _eval_room(module: str) -> str | None:
+    """The sub-package of `mlmclm.eval` a module lives in (`mlmclm.eval.data.fetch` -> "data"); None outside."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["mlmclm", "eval"] and len(parts) > 2 else None
+
+
+def _upward_eval_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {room: place for place, room in enumerate(EVAL_ROOMS)}
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() if _eval_room(module) in rank
+                  for target in targets if rank.get(_eval_room(target), -1) > rank[_eval_room(module)])
+
+
+def test_eval_rooms_import_only_the_rooms_below_them():
+    graph = _import_graph()
+    # every module of mlmclm/eval sits in a room of the order (a new room, or a module left flat, must be placed)
+    assert {_eval_room(module) for module in graph} - {None} == set(EVAL_ROOMS)
+    assert "mlmclm.eval.data.sources" in graph["mlmclm.eval.finetune.task_spec"]  # the real graph, lazy imports in
+    assert _upward_eval_imports(graph) == []
+
+
+def test_upward_eval_imports_are_found():
+    graph = {"mlmclm.eval.data.splits": {"mlmclm.eval.finetune.metrics", "mlmclm.eval.data.hub_files"},
+             "mlmclm.eval.reports.summary": {"mlmclm.eval.finetune.metrics", "mlmclm.eval.checks.smoke"},
+             "mlmclm.eval.checks.smoke": {"mlmclm.eval.reports.summary", "mlmclm.atomic_write"},
+             "recipes.demo": {"mlmclm.eval.checks.smoke"}}
+    assert _upward_eval_imports(graph) == ["mlmclm.eval.data.splits -> mlmclm.eval.finetune.metrics",
+                                           "mlmclm.eval.reports.summary -> mlmclm.eval.checks.smoke"]

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlmclm.eval.compare import RunInputs, compare_runs
+from mlmclm.eval.reports.compare import RunInputs, compare_runs
 
 
 def parse_run(text: str) -> RunInputs:

@@ -20,17 +20,17 @@ import sys
 from pathlib import Path
 
 from mlmclm.convert.dist_reader import CheckpointReadError
-from mlmclm.eval.data_efficiency import evaluate_checkpoints
-from mlmclm.eval.data_root import check_manifest
-from mlmclm.eval.fetch import FetchError, fetch_suite, manifest_bytes, suite_repos
-from mlmclm.eval.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
-from mlmclm.eval.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig, load_records,
-                                  run_grid)
-from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
-from mlmclm.eval.smoke_tasks import write_smoke_tasks
-from mlmclm.eval.suite_plan import describe_suite
-from mlmclm.eval.summary import write_summary
-from mlmclm.eval.tasks import TaskDataError, load_task_specs
+from mlmclm.eval.checks.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
+from mlmclm.eval.checks.smoke_tasks import write_smoke_tasks
+from mlmclm.eval.data.data_root import check_manifest
+from mlmclm.eval.data.fetch import FetchError, fetch_suite, manifest_bytes, suite_repos
+from mlmclm.eval.finetune.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
+from mlmclm.eval.finetune.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig,
+                                           load_records, run_grid)
+from mlmclm.eval.finetune.suite_plan import describe_suite
+from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
+from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
+from mlmclm.eval.reports.summary import write_summary
 from mlmclm.train.checkpoint import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 

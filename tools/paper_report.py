@@ -6,7 +6,7 @@ Each RESULTS_DIR is a `tools/evaluate.py` output folder (runs/<model>/<task>/lr<
 curve.json); model labels are the paper's run names (recipes/grid.py), e.g. 610m-clm-10k-mlm40-42k, and
 `<run>-<step>` for intermediate checkpoints. Writes main_table.md/.csv, biphasic.png, data_efficiency.png,
 stability.png (each figure when there is data) and report.md. The distance column compares with the paper's
-numbers recorded in mlmclm/eval/paper_reference.py and, with --reference-encodeval, with the authors' released
+numbers recorded in mlmclm/eval/reports/paper_reference.py and, with --reference-encodeval, with the authors' released
 runs. Bad input: exit 2, nothing written. An --out that already holds a report is refused unless --force.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlmclm.eval.paper_reference import PAPER_SCORES
-from mlmclm.eval.paper_report import ReportInputError, released_reference, write_report
+from mlmclm.eval.reports.paper_reference import PAPER_SCORES
+from mlmclm.eval.reports.paper_report import ReportInputError, released_reference, write_report
 from recipes.grid import paper_catalogue
 
 

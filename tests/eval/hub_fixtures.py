@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 from datasets import ClassLabel, Dataset, Features, List, Value
 
-from mlmclm.eval.fetch import fetch_suite, mirror
+from mlmclm.eval.data.fetch import fetch_suite, mirror
 
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 UNER_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
@@ -186,7 +186,7 @@ def build_mirror(root: Path, train_rows: int = 16, eval_rows: int = 4, seed: int
 
 def fetched_suite(tmp: Path, tasks=None) -> Path:
     """A data root written by the real fetch, from a mirror of every paper repository."""
-    from mlmclm.eval.presets import PAPER_TASKS
+    from mlmclm.eval.finetune.presets import PAPER_TASKS
 
     hub = mirror(build_mirror(tmp / "mirror"), dict(REVISIONS))
     fetch_suite(tmp / "data", tasks or list(PAPER_TASKS), hub=hub, progress=False)

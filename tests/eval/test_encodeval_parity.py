@@ -11,11 +11,12 @@ import pytest
 import torch
 from eval_fixtures import WORDS, make_task_folder, save_tiny_model
 
-from mlmclm.eval.presets import paper_task
-from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.runner import finetune_and_score
-from mlmclm.eval.tasks import TaskSpec, load_task
-from mlmclm.eval.training import budget_steps, default_max_length, load_tokenizer
+from mlmclm.eval.finetune.presets import paper_task
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.finetune.runner import finetune_and_score
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskSpec
+from mlmclm.eval.finetune.training import budget_steps, default_max_length, load_tokenizer
 from tools.evaluate import main as evaluate
 
 
@@ -50,7 +51,7 @@ def test_qed_trains_one_epoch_while_squad_keeps_the_step_budget(paper_root, tiny
 def test_mnli_and_qqp_are_one_templated_text(paper_root, tmp_path):
     # EncodEval encodeval/datasets.py: mnli_m() and qqp() map each pair to one "text" before tokenizing; that text
     # is then fed as text + EOS without BOS (rimads/avey-b EncodEval/encodeval/eval_tasks/SC.py tokenize)
-    from mlmclm.eval.classification import encode_rows
+    from mlmclm.eval.finetune.classification import encode_rows
 
     from hub_fixtures import FILLER
 
@@ -77,7 +78,7 @@ def test_paper_fine_tuning_runs_in_bf16(family, tmp_path, tiny_model_dir, monkey
     # EncodEval configs/*/*.yaml: model_kwargs dtype torch.bfloat16 (abstract_eval.py casts the model) and bf16: true
     import importlib
 
-    module = importlib.import_module(f"mlmclm.eval.{family}")
+    module = importlib.import_module(f"mlmclm.eval.finetune.{family}")
     seen = []
 
     def recording_train(model, *args, **kwargs):
@@ -99,7 +100,7 @@ def test_encodeval_token_score_is_the_mean_of_per_sentence_macro_f1():
     # rimads/avey-b EncodEval/encodeval/eval_tasks/TC.py compute_f1s (the stored MLM_vs_CLM branch lacks its
     # evaluator files): per sentence, sklearn's f1_score(average="macro") over the word tags (O included), then the
     # mean over sentences — the released TC results.json hold these per-sentence scores_i and their mean
-    from mlmclm.eval.metrics import entity_f1, sentence_macro_f1
+    from mlmclm.eval.finetune.metrics import entity_f1, sentence_macro_f1
 
     gold = [["O", "O"], ["B-PER", "O"], ["B-LOC", "I-LOC", "O"]]
     pred = [["O", "O"], ["O", "O"], ["B-LOC", "I-LOC", "O"]]
@@ -138,7 +139,7 @@ def _wordpiece_tokenizer():
 def test_paper_token_labels_every_subtoken_and_predicts_by_majority_vote(tmp_path):
     # EncodEval: every sub-token carries its word's tag in training; a word's prediction is the most frequent
     # prediction over its sub-tokens (ties: the smaller tag id, Python's set order for small ints)
-    from mlmclm.eval.token_classification import encode_words, word_predictions
+    from mlmclm.eval.finetune.token_classification import encode_words, word_predictions
 
     tokenizer = _wordpiece_tokenizer()
     rows = [{"tokens": ["alice", "lives", "in", "paris"], "tags": ["B-PER", "O", "O", "B-LOC"]}]
@@ -176,7 +177,7 @@ def test_nq_halves_are_a_seeded_random_sample_of_the_sorted_query_ids_per_seed()
     # EncodEval encodeval/datasets.py nq(): random.sample(sorted(query ids), round(0.5 * n)) -> validation, the rest
     # -> test — but unseeded (configs/IR/nq_*.yaml set no seed). Ours: the same call seeded by the run's seed, so a
     # run repeats; it is not EncodEval's draw, which nobody can repeat.
-    from mlmclm.eval.splits import seeded_query_halves
+    from mlmclm.eval.data.splits import seeded_query_halves
 
     rows = _qrels_rows("nq", 11, random.Random(0), with_ids=True)
     for seed in (0, 1):

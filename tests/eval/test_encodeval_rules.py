@@ -13,19 +13,19 @@ import torch
 from eval_fixtures import WORDS, save_tiny_model
 from transformers.modeling_outputs import TokenClassifierOutput
 
-from mlmclm.eval.classification import encode_rows
-from mlmclm.eval.encodeval_heads import (EncodEvalRetrievalEncoder, EncodEvalSequenceClassifier,
-                                         EncodEvalTokenClassifier)
-from mlmclm.eval.encodeval_inputs import (encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths,
-                                          text_inputs)
-from mlmclm.eval.encodeval_qa import EVAL_BATCH_SIZE, encode_questions, predicted_inside
-from mlmclm.eval.heads import SpanQAModel
-from mlmclm.eval.presets import paper_task
-from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.runner import finetune_and_score
-from mlmclm.eval.tasks import load_task
-from mlmclm.eval.token_classification import IGNORE, encode_words
-from mlmclm.eval.training import pad_batch
+from mlmclm.eval.finetune.classification import encode_rows
+from mlmclm.eval.finetune.encodeval_heads import (EncodEvalRetrievalEncoder, EncodEvalSequenceClassifier,
+                                                  EncodEvalTokenClassifier)
+from mlmclm.eval.finetune.encodeval_inputs import (encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths,
+                                                   text_inputs)
+from mlmclm.eval.finetune.encodeval_qa import EVAL_BATCH_SIZE, encode_questions, predicted_inside
+from mlmclm.eval.finetune.heads import SpanQAModel
+from mlmclm.eval.finetune.presets import paper_task
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.finetune.runner import finetune_and_score
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.token_classification import IGNORE, encode_words
+from mlmclm.eval.finetune.training import pad_batch
 from tools.evaluate import main as evaluate
 
 
@@ -140,7 +140,7 @@ def test_token_head_is_dropout_then_linear_and_retrieval_pools_by_the_eos_switch
     ("retrieval", "msmarco", [EncodEvalRetrievalEncoder])])
 def test_paper_runs_train_encodevals_heads_and_report_both_scores(family, task, heads, model_dir, paper_root,
                                                                  monkeypatch):
-    modules = [importlib.import_module(f"mlmclm.eval.{name}") for name in
+    modules = [importlib.import_module(f"mlmclm.eval.finetune.{name}") for name in
                ({"qa": ("encodeval_qa", "qa")}.get(family, (family,)))]
     seen = []
     for module in modules:
@@ -206,7 +206,7 @@ def test_paper_grid_prints_encodevals_score_and_the_standard_one(model_dir, pape
 
 
 def test_rules_are_checked_where_the_task_is_declared(tmp_path):
-    from mlmclm.eval.tasks import TaskSpec
+    from mlmclm.eval.finetune.task_spec import TaskSpec
 
     with pytest.raises(ValueError, match="rules must be one of"):
         TaskSpec(name="t", family="qa", path=str(tmp_path), rules="paper")

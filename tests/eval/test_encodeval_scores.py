@@ -1,15 +1,15 @@
-"""EncodEval's QA and retrieval scores (mlmclm/eval/encodeval_scores.py) against independent oracles: the released
-per-question / per-query scores of hgissbkh/EncodEval@MLM_vs_CLM `results/` (values copied from those files), the
-rule's own worked examples, and `sklearn.metrics.ndcg_score` — what EncodEval's IR.py calls."""
+"""EncodEval's QA and retrieval scores (mlmclm/eval/finetune/encodeval_scores.py) against independent oracles: the
+released per-question / per-query scores of hgissbkh/EncodEval@MLM_vs_CLM `results/` (values copied from those files),
+the rule's own worked examples, and `sklearn.metrics.ndcg_score` — what EncodEval's IR.py calls."""
 import math
 import random
 
 import numpy as np
 import pytest
 
-from mlmclm.eval.encodeval_scores import (qa_answer_positions, qa_score, qa_token_f1, retrieval_score,
-                                          retrieved_ndcg, top_k_retrieved)
-from mlmclm.eval.metrics import ndcg_at_k
+from mlmclm.eval.finetune.encodeval_scores import (qa_answer_positions, qa_score, qa_token_f1, retrieval_score,
+                                                   retrieved_ndcg, top_k_retrieved)
+from mlmclm.eval.finetune.metrics import ndcg_at_k
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 

@@ -37,8 +37,8 @@ def test_evaluate_cli_bad_task_file_fails_clearly(tmp_path, tiny_model_dir):
 
 
 def test_user_tasks_get_a_floor_of_steps_and_the_paper_suite_keeps_its_budgets():
-    from mlmclm.eval.protocol import CUSTOM_MIN_STEPS, ProtocolConfig
-    from mlmclm.eval.training import FinetuneConfig, budget_steps
+    from mlmclm.eval.finetune.protocol import CUSTOM_MIN_STEPS, ProtocolConfig
+    from mlmclm.eval.finetune.training import FinetuneConfig, budget_steps
 
     # a 48-row task at batch 32 and one epoch: 2 steps before; now repeated up to the floor, never past max_steps
     assert budget_steps(48, FinetuneConfig(1e-4, batch_size=32, max_epochs=1, max_steps=1000)) == 2

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from mlmclm.eval.compare import RunInputs, compare_runs
-from mlmclm.eval.protocol import RunRecord, run_path, write_json_atomic
-from mlmclm.eval.tensorboard_logs import TAG_TOKENS, loss_tag, read_scalars
+from mlmclm.eval.finetune.protocol import RunRecord, run_path, write_json_atomic
+from mlmclm.eval.reports.compare import RunInputs, compare_runs
+from mlmclm.eval.reports.tensorboard_logs import TAG_TOKENS, loss_tag, read_scalars
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

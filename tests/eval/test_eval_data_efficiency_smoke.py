@@ -4,11 +4,12 @@ import re
 import pytest
 from eval_fixtures import make_task_folder, save_tiny_model
 
-from mlmclm.eval.data_efficiency import evaluate_checkpoints, list_checkpoints, read_curve
-from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.smoke import run_smoke_evaluation
-from mlmclm.eval.smoke_tasks import SmokeSizes, write_smoke_tasks
-from mlmclm.eval.tasks import TaskSpec, load_task
+from mlmclm.eval.checks.smoke import run_smoke_evaluation
+from mlmclm.eval.checks.smoke_tasks import SmokeSizes, write_smoke_tasks
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskSpec
+from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints, list_checkpoints, read_curve
 
 
 def fake_run(run_dir, states):

@@ -14,12 +14,13 @@ from eval_fixtures import make_task_folder, write_jsonl
 from transformers import AutoTokenizer, EuroBertConfig, EuroBertForMaskedLM
 
 from mlmclm.data.tokenizer import train_bpe
-from mlmclm.eval.compare import stability_boxes
-from mlmclm.eval.protocol import RunRecord, run_grid
-from mlmclm.eval.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
-from mlmclm.eval.summary import task_results, write_summary
-from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task
-from mlmclm.eval.token_classification import IGNORE, encode_words, word_predictions
+from mlmclm.eval.checks.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
+from mlmclm.eval.finetune.protocol import RunRecord, run_grid
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
+from mlmclm.eval.finetune.token_classification import IGNORE, encode_words, word_predictions
+from mlmclm.eval.reports.compare import stability_boxes
+from mlmclm.eval.reports.summary import task_results, write_summary
 
 NAMES = ["Alice", "Bernard", "Cordelia", "Duncan", "Edmund", "Fabian", "Gertrude", "Horatio", "Iago", "Juliet"]
 FILLER = "the a cat dog sat ran good bad film was very lives in where does live who is red blue green and of".split()

@@ -3,9 +3,10 @@ import random
 import pytest
 from eval_fixtures import classification_rows, make_task_folder, write_jsonl
 
-from mlmclm.eval.runner import finetune_and_score
-from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task
-from mlmclm.eval.training import FinetuneConfig
+from mlmclm.eval.finetune.runner import finetune_and_score
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
+from mlmclm.eval.finetune.training import FinetuneConfig
 
 CONFIG = FinetuneConfig(learning_rate=1e-3, seed=0, max_steps=12, batch_size=8)
 

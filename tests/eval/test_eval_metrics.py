@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from mlmclm.eval.metrics import accuracy, entity_f1, mean_ci95, ndcg_at_k, normalize_answer, squad_scores
+from mlmclm.eval.finetune.metrics import accuracy, entity_f1, mean_ci95, ndcg_at_k, normalize_answer, squad_scores
 
 
 def test_accuracy_counts_matches():

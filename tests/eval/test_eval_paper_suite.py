@@ -6,10 +6,12 @@ import pytest
 import torch
 from eval_fixtures import make_task_folder, write_jsonl
 
-from mlmclm.eval.presets import PAPER_TASKS, paper_suite
-from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task, paper_validation_split
-from mlmclm.eval.training import FinetuneConfig, budget_steps, default_max_length, make_optimizer
+from mlmclm.eval.data.splits import paper_validation_split
+from mlmclm.eval.finetune.presets import PAPER_TASKS, paper_suite
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
+from mlmclm.eval.finetune.training import FinetuneConfig, budget_steps, default_max_length, make_optimizer
 
 
 def test_validation_is_five_percent_of_train_as_datasets_splits_it():

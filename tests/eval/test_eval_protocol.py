@@ -4,10 +4,10 @@ import math
 import pytest
 from eval_fixtures import make_task_folder
 
-from mlmclm.eval.protocol import (ProtocolConfig, RunRecord, load_records, run_grid, run_path,
-                                  select_learning_rate)
-from mlmclm.eval.summary import family_results, stability_results, summary_markdown, task_results, write_summary
-from mlmclm.eval.tasks import TaskSpec
+from mlmclm.eval.finetune.protocol import (ProtocolConfig, RunRecord, load_records, run_grid, run_path,
+                                           select_learning_rate)
+from mlmclm.eval.finetune.task_spec import TaskSpec
+from mlmclm.eval.reports.summary import family_results, stability_results, summary_markdown, task_results, write_summary
 
 
 def record(lr, seed, val, test, task="t", family="classification", model="m", diverged=False):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mlmclm.eval.paper_figures import biphasic_point, checkpoint_of, stability_figure
-from mlmclm.eval.paper_reference import PAPER_SCORES, ReferenceScore, reference_lookup
-from mlmclm.eval.paper_report import ReportInputError, load_results, main_table, write_report
-from mlmclm.eval.protocol import RunRecord, run_path, write_json_atomic
+from mlmclm.eval.finetune.protocol import RunRecord, run_path, write_json_atomic
+from mlmclm.eval.reports.paper_figures import biphasic_point, checkpoint_of, stability_figure
+from mlmclm.eval.reports.paper_reference import PAPER_SCORES, ReferenceScore, reference_lookup
+from mlmclm.eval.reports.paper_report import ReportInputError, load_results, main_table, write_report
 from recipes.grid import paper_catalogue
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -258,7 +258,7 @@ def write_released(root: Path, model: str, family: str, task: str, run: str, val
 
 
 def test_released_encodeval_results_read_as_run_records(tmp_path):
-    from mlmclm.eval.encodeval_results import load_encodeval_results
+    from mlmclm.eval.reports.encodeval_results import load_encodeval_results
 
     root = tmp_path / "results"
     write_released(root, "610m-clm-42k", "SC", "mnli_m", "lr1e-04_sd3", 0.7, 0.71)

@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 from hub_fixtures import CONLL_TAGS, MLDR_DOCS, MSMARCO_DOCS, NQ_DOCS, ONTONOTES_TAGS, REVISIONS, build_mirror
 
-from mlmclm.eval import sources
-from mlmclm.eval.data_root import DataRootError
-from mlmclm.eval.fetch import FetchError, fetch_suite, huggingface_hub, mirror
-from mlmclm.eval.presets import paper_task
-from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.tasks import load_task
-from mlmclm.eval.token_classification import voted_tags
-from mlmclm.eval.training import budget_steps
+from mlmclm.eval.data import sources
+from mlmclm.eval.data.data_root import DataRootError
+from mlmclm.eval.data.fetch import FetchError, fetch_suite, huggingface_hub, mirror
+from mlmclm.eval.finetune.presets import paper_task
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.token_classification import voted_tags
+from mlmclm.eval.finetune.training import budget_steps
 from tools.evaluate import main as evaluate
 
 
@@ -65,7 +65,7 @@ def test_warmup_counts_steps_as_the_trainer_counts_a_warmup_ratio():
 
     from transformers import TrainingArguments
 
-    from mlmclm.eval.training import warmup_steps
+    from mlmclm.eval.finetune.training import warmup_steps
 
     config = ProtocolConfig.paper().finetune_config(1e-4, 0, "token_classification", "conll2003")
     for steps in (439, 1000, 7, 1):
@@ -84,7 +84,7 @@ def test_beir_corpus_holds_every_judged_document_and_relevance_is_score_one_or_m
 
 def test_documents_are_keyed_by_id_not_merged_by_text(paper_root):
     # datasets.py: corpus_sub[corpus_id] — two ids with one text are two documents, one relevant, one not
-    from mlmclm.eval.retrieval import ranking_inputs
+    from mlmclm.eval.finetune.retrieval import ranking_inputs
 
     data = load_task(paper_task("msmarco", paper_root))
     assert data.corpus["m-twin-a"] == data.corpus["m-twin-b"]
@@ -106,7 +106,7 @@ def test_nq_documents_are_title_dot_text_and_mldr_corpus_is_dev_and_test_positiv
 def test_nq_halves_are_seeded_and_say_they_are_not_encodevals_draw(paper_root, tiny_model_dir, tmp_path):
     # configs/IR/nq_*.yaml set no seed, so abstract_eval.py never seeds the draw: it cannot be reproduced. Ours is
     # seeded (the same halves per seed, other halves for another seed) and every NQ record says so.
-    from mlmclm.eval.splits import seeded_query_halves
+    from mlmclm.eval.data.splits import seeded_query_halves
 
     nq = load_task(paper_task("msmarco", paper_root)).extra_tests["nq"]
     rows = nq.splits["test"]

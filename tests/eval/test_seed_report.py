@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from mlmclm.eval.paper_report import SEEDS_TABLE_CSV, SEEDS_TABLE_MD, ReportInputError, write_report
-from mlmclm.eval.pretraining_runs import PRETRAINING_FILE, load_pretraining, write_pretraining
-from mlmclm.eval.seed_figures import CPT_PNG, CURVES_PNG, SPLIT_PNG
-from mlmclm.eval.seed_groups import seed_table, split_seed
-from mlmclm.eval.paper_report import load_results
+from mlmclm.eval.reports.paper_report import SEEDS_TABLE_CSV, SEEDS_TABLE_MD, ReportInputError, write_report
+from mlmclm.eval.reports.paper_report import load_results
+from mlmclm.eval.reports.pretraining_runs import PRETRAINING_FILE, load_pretraining, write_pretraining
+from mlmclm.eval.reports.seed_figures import CPT_PNG, CURVES_PNG, SPLIT_PNG
+from mlmclm.eval.reports.seed_groups import seed_table, split_seed
 from tests.eval.test_paper_report import PNG_MAGIC, hand_mean_ci, write_run
 
 RUNS = {  # base -> (objective, total steps, CLM steps, parent objective)

@@ -1,6 +1,7 @@
-"""IOB1 and IOB2 tags (mlmclm/eval/tags.py): hgissbkh/conll2003-en, EncodEval's CoNLL, carries the original IOB1
-tags (its first training row [4, 0, 8, ...] = I-ORG O I-MISC, printed in Muhammad-Hassan-Farid/Fine-Tuning-BERT-for-
-NER's README); the fixture holds them so, the paper task declares them, and entity F1 reads them as IOB1."""
+"""IOB1 and IOB2 tags (mlmclm/eval/finetune/tags.py): hgissbkh/conll2003-en, EncodEval's CoNLL, carries the original
+IOB1 tags (its first training row [4, 0, 8, ...] = I-ORG O I-MISC, printed in
+Muhammad-Hassan-Farid/Fine-Tuning-BERT-for-NER's README); the fixture holds them so, the paper task declares them, and
+entity F1 reads them as IOB1."""
 import random
 
 import pytest
@@ -9,10 +10,11 @@ from hub_fixtures import CONLL_TAGS
 from seqeval.metrics import f1_score
 from seqeval.scheme import IOB2
 
-from mlmclm.eval.metrics import entity_f1
-from mlmclm.eval.presets import paper_task
-from mlmclm.eval.tags import entity_starts
-from mlmclm.eval.tasks import TaskDataError, TaskSpec, load_task
+from mlmclm.eval.finetune.metrics import entity_f1
+from mlmclm.eval.finetune.presets import paper_task
+from mlmclm.eval.finetune.tags import entity_starts
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
 
 
 def iob1_to_iob2(tags):

@@ -3,7 +3,7 @@ import json
 import re
 from pathlib import Path
 
-from mlmclm.eval.tensorboard_logs import read_scalars
+from mlmclm.eval.reports.tensorboard_logs import read_scalars
 from recipes import launch
 
 

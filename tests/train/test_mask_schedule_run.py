@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import train_scenarios as sc
-from mlmclm.eval.tensorboard_logs import read_scalars
+from mlmclm.eval.reports.tensorboard_logs import read_scalars
 from mlmclm.objectives import ObjectiveConfig
 from mlmclm.parallel.launch import spawn
 from mlmclm.train import checkpoint as ckpt

@@ -13,7 +13,7 @@ import torch
 import train_scenarios as sc
 from mlmclm.data.manifest import Manifest
 from mlmclm.data.random_length import SampleLengths, sample_lengths
-from mlmclm.eval.tensorboard_logs import read_scalars
+from mlmclm.eval.reports.tensorboard_logs import read_scalars
 from mlmclm.parallel.launch import spawn
 from mlmclm.train import checkpoint as ckpt
 

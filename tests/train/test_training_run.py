@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import train_scenarios as sc
-from mlmclm.eval.tensorboard_logs import read_scalars
+from mlmclm.eval.reports.tensorboard_logs import read_scalars
 from mlmclm.parallel.launch import spawn
-from mlmclm.train import checkpoint as ckpt
 from mlmclm.tensorboard_tags import tensorboard_tag
+from mlmclm.train import checkpoint as ckpt
 
 
 def metrics(run_dir):

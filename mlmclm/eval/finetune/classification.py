@@ -7,12 +7,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from mlmclm.eval.encodeval_heads import EncodEvalSequenceClassifier
-from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, text_inputs
-from mlmclm.eval.metrics import accuracy
-from mlmclm.eval.tasks import TaskData, TaskSpec
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
-                                  pad_batch, seed_everything, train)
+from mlmclm.eval.finetune.encodeval_heads import EncodEvalSequenceClassifier
+from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, text_inputs
+from mlmclm.eval.finetune.metrics import accuracy
+from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
+from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
+                                           max_length_of, pad_batch, seed_everything, train)
 
 
 def encode_rows(tokenizer, spec: TaskSpec, rows, label_ids, max_length):

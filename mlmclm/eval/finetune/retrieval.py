@@ -15,14 +15,15 @@ from pathlib import Path
 
 import torch
 
-from mlmclm.eval.encodeval_heads import EncodEvalRetrievalEncoder
-from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths, text_inputs
-from mlmclm.eval.encodeval_scores import retrieval_score
-from mlmclm.eval.heads import MeanPoolingEncoder, info_nce_loss
-from mlmclm.eval.metrics import ndcg_at_k
-from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
-                                  pad_batch, seed_everything, train)
+from mlmclm.eval.finetune.encodeval_heads import EncodEvalRetrievalEncoder
+from mlmclm.eval.finetune.encodeval_inputs import (encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths,
+                                                   text_inputs)
+from mlmclm.eval.finetune.encodeval_scores import retrieval_score
+from mlmclm.eval.finetune.heads import MeanPoolingEncoder, info_nce_loss
+from mlmclm.eval.finetune.metrics import ndcg_at_k
+from mlmclm.eval.finetune.task_spec import TaskData
+from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
+                                           max_length_of, pad_batch, seed_everything, train)
 
 TEMPERATURE = 0.05
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from mlmclm.eval.fetch import suite_repos
-from mlmclm.eval.presets import PAPER_TASKS, PAPER_TEST_ONLY, paper_task
-from mlmclm.eval.protocol import ProtocolConfig
-from mlmclm.eval.sources import PARQUET_EXPORT, REPOS, TASK_SOURCES
-from mlmclm.eval.tasks import TaskSpec
+from mlmclm.eval.data.fetch import suite_repos
+from mlmclm.eval.data.sources import PARQUET_EXPORT, REPOS, TASK_SOURCES
+from mlmclm.eval.finetune.presets import PAPER_TASKS, PAPER_TEST_ONLY, paper_task
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.finetune.task_spec import TaskSpec
 
 
 def _where(task: str, split: str, manifest: dict | None) -> str:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from mlmclm.atomic_write import atomic_file
-from mlmclm.eval.metrics import mean_ci95
-from mlmclm.eval.pretraining_runs import PretrainedModel
-from mlmclm.eval.seed_groups import SeedTable
+from mlmclm.eval.finetune.metrics import mean_ci95
+from mlmclm.eval.reports.pretraining_runs import PretrainedModel
+from mlmclm.eval.reports.seed_groups import SeedTable
 
 SPLIT_PNG, CPT_PNG, CURVES_PNG = "biphasic_seeds.png", "cpt_curves.png", "validation_curves.png"
 _LOSSES = (("mlm", 2, "validation MLM-40 % loss"), ("clm", 1, "validation CLM loss"))

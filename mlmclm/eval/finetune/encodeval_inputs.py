@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from mlmclm.eval.training import load_tokenizer
+from mlmclm.eval.finetune.training import load_tokenizer
 
 QA_QUESTION = "Question: {question}\nContext: "  # QA.py tokenize: the first sequence; the context is the second
 

@@ -16,9 +16,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.eval.runner import finetune_and_score
-from mlmclm.eval.tasks import TaskData, TaskSpec, load_task
-from mlmclm.eval.training import FinetuneConfig
+from mlmclm.eval.finetune.runner import finetune_and_score
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
+from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)

@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForTokenClassification
 
-from mlmclm.eval.encodeval_heads import EncodEvalTokenClassifier
-from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, text_inputs
-from mlmclm.eval.metrics import entity_f1, sentence_macro_f1
-from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
-                                  pad_batch, seed_everything, train)
+from mlmclm.eval.finetune.encodeval_heads import EncodEvalTokenClassifier
+from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, text_inputs
+from mlmclm.eval.finetune.metrics import entity_f1, sentence_macro_f1
+from mlmclm.eval.finetune.task_spec import TaskData
+from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
+                                           max_length_of, pad_batch, seed_everything, train)
 
 IGNORE = -100
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from mlmclm.eval.protocol import ProtocolConfig, run_grid, write_json_atomic
-from mlmclm.eval.summary import family_results, task_results
-from mlmclm.eval.tasks import TaskData, TaskSpec, load_task
+from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid, write_json_atomic
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
+from mlmclm.eval.reports.summary import family_results, task_results
 
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 CURVE_FILE = "curve.json"

@@ -4,7 +4,7 @@ The mini-replication (recipes/mini.py) writes it next to `runs/`: for each pretr
 evaluation's model label, `<run>-s<seed>`) the objective, schedule and parent, the held-out validation CLM and
 MLM losses over steps (the run's `metrics.jsonl` keys `val/clm/loss`, `val/mlm/loss`) and its fill-mask scores on
 held-back passages; plus the baselines' fill-mask scores. The paper report reads it to draw the figures over
-pretraining seeds (mlmclm/eval/seed_figures.py).
+pretraining seeds (mlmclm/eval/reports/seed_figures.py).
 """
 from __future__ import annotations
 

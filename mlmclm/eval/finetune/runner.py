@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmclm.eval.classification import run_classification
-from mlmclm.eval.qa import run_qa
-from mlmclm.eval.retrieval import run_retrieval
-from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.token_classification import run_token_classification
-from mlmclm.eval.training import FinetuneConfig, RunOutcome
+from mlmclm.eval.finetune.classification import run_classification
+from mlmclm.eval.finetune.qa import run_qa
+from mlmclm.eval.finetune.retrieval import run_retrieval
+from mlmclm.eval.finetune.task_spec import TaskData
+from mlmclm.eval.finetune.token_classification import run_token_classification
+from mlmclm.eval.finetune.training import FinetuneConfig, RunOutcome
 
 _RUNNERS = {"classification": run_classification, "token_classification": run_token_classification,
             "qa": run_qa, "retrieval": run_retrieval}

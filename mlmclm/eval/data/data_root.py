@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlmclm.eval.sources import REPOS, RootOf
+from mlmclm.eval.data.sources import REPOS, RootOf
 
 MANIFEST = "manifest.json"
 

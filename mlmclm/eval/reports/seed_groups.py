@@ -4,7 +4,7 @@ this module groups them — mean and 95 % CI (Student t) over the seeds of each 
 A label without the suffix (every paper-grid name, `610m-mlm40-42k-1000` included) is a group of its own with one
 seed. Per seed, a task score is the mean over fine-tuning seeds at the LR chosen on validation and a family score
 the mean over the family's tasks (`summary`'s rule); pretraining measurements (validation losses at the last step,
-fill-mask) come from `pretraining.json` (mlmclm/eval/pretraining_runs.py).
+fill-mask) come from `pretraining.json` (mlmclm/eval/reports/pretraining_runs.py).
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from mlmclm.eval.metrics import mean_ci95
-from mlmclm.eval.pretraining_runs import PretrainedModel
-from mlmclm.eval.protocol import RunRecord
-from mlmclm.eval.summary import family_results, task_results
-from mlmclm.eval.tasks import FAMILY_SHORT
+from mlmclm.eval.finetune.metrics import mean_ci95
+from mlmclm.eval.finetune.protocol import RunRecord
+from mlmclm.eval.finetune.task_spec import FAMILY_SHORT
+from mlmclm.eval.reports.pretraining_runs import PretrainedModel
+from mlmclm.eval.reports.summary import family_results, task_results
 
 SEED_SUFFIX = re.compile(r"^(?P<base>.+)-s(?P<seed>\d+)$")
 # Pretraining columns: (column, what, lower is better)

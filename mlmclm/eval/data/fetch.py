@@ -23,10 +23,10 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.eval.data_root import MANIFEST
-from mlmclm.eval.hub_files import read_parquet, read_qrels
-from mlmclm.eval.retrieval_sets import filtered_shard, mldr_ids
-from mlmclm.eval.sources import REPOS, task_repos
+from mlmclm.eval.data.data_root import MANIFEST
+from mlmclm.eval.data.hub_files import read_parquet, read_qrels
+from mlmclm.eval.data.retrieval_sets import filtered_shard, mldr_ids
+from mlmclm.eval.data.sources import REPOS, task_repos
 
 PARTIAL = ".partial"
 FIX = ("run `tools/evaluate.py fetch --suite paper --out DIR` on a machine that reaches huggingface.co (set "

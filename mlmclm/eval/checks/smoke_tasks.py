@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.eval.tasks import TaskSpec
+from mlmclm.eval.finetune.task_spec import TaskSpec
 
 SMOKE_PLAYS = ("macbeth_gut", "tempest_gut", "twelfth_night_gut", "othello_gut")
 _SPEAKER_LINE = re.compile(r"^([A-Z][A-Z'\- ]{1,30}[A-Z])\.\s*$")

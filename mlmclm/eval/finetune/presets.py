@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmclm.eval.tasks import ENCODEVAL_METRIC, TaskSpec
+from mlmclm.eval.finetune.task_spec import ENCODEVAL_METRIC, TaskSpec
 
 PRESETS: dict[str, dict] = {
     "sst2": dict(family="classification", hf_name="nyu-mll/glue", hf_config="sst2", columns={"text": "sentence"}),

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from mlmclm.atomic_write import atomic_file, write_atomic
-from mlmclm.eval.data_efficiency import CURVE_FILE, read_curve
-from mlmclm.eval.protocol import load_records
-from mlmclm.eval.summary import family_results, stability_results
-from mlmclm.eval.tensorboard_logs import OBJECTIVES, loss_tag, read_scalars, tokens_at
+from mlmclm.eval.finetune.protocol import load_records
+from mlmclm.eval.reports.data_efficiency import CURVE_FILE, read_curve
+from mlmclm.eval.reports.summary import family_results, stability_results
+from mlmclm.eval.reports.tensorboard_logs import OBJECTIVES, loss_tag, read_scalars, tokens_at
 
 
 @dataclass(frozen=True)

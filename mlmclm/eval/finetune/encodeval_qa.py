@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from mlmclm.eval.encodeval_heads import EncodEvalTokenClassifier
-from mlmclm.eval.encodeval_inputs import encodeval_tokenizer, qa_inputs
-from mlmclm.eval.encodeval_scores import qa_answer_positions, qa_score
-from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, max_length_of, pad_batch,
-                                  seed_everything, train)
+from mlmclm.eval.finetune.encodeval_heads import EncodEvalTokenClassifier
+from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, qa_inputs
+from mlmclm.eval.finetune.encodeval_scores import qa_answer_positions, qa_score
+from mlmclm.eval.finetune.task_spec import TaskData
+from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, max_length_of, pad_batch,
+                                           seed_everything, train)
 
 EVAL_BATCH_SIZE = 4  # configs/QA/*.yaml per_device_eval_batch_size: the padding the score sees
 IGNORE = -100  # DataCollatorForTokenClassification's label padding

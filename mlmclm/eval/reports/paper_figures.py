@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlmclm.atomic_write import atomic_file
-from mlmclm.eval.protocol import RunRecord
-from mlmclm.eval.summary import family_results
-from mlmclm.eval.tasks import FAMILY_SHORT
+from mlmclm.eval.finetune.protocol import RunRecord
+from mlmclm.eval.finetune.task_spec import FAMILY_SHORT
+from mlmclm.eval.reports.summary import family_results
 
 OBJECTIVE_COLOURS = {"MLM": "tab:blue", "CLM": "tab:orange", "biphasic": "tab:green", "CPT": "tab:purple"}
 BIPHASIC_PNG, EFFICIENCY_PNG, STABILITY_PNG = "biphasic.png", "data_efficiency.png", "stability.png"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from mlmclm.eval.hub_files import HubLayoutError, matching_files
+from mlmclm.eval.data.hub_files import HubLayoutError, matching_files
 
 Reader = Callable[[set[str]], dict[str, str]]  # ids -> {id: text}
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmclm.eval.protocol import ProtocolConfig, run_grid
-from mlmclm.eval.smoke_tasks import SmokeSizes, write_smoke_tasks
-from mlmclm.eval.summary import write_summary
+from mlmclm.eval.checks.smoke_tasks import SmokeSizes, write_smoke_tasks
+from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid
+from mlmclm.eval.reports.summary import write_summary
 
 
 # The smoke budget, measured on the demo's 4-layer, 128-wide exports (README, the demo): 30 steps at 1e-3 left

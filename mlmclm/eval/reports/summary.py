@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.eval.metrics import mean_ci95
-from mlmclm.eval.protocol import FEW_STEPS, RunRecord, group_runs, select_learning_rate, write_json_atomic
-from mlmclm.eval.tasks import MAIN_METRIC
+from mlmclm.eval.finetune.metrics import mean_ci95
+from mlmclm.eval.finetune.protocol import FEW_STEPS, RunRecord, group_runs, select_learning_rate, write_json_atomic
+from mlmclm.eval.finetune.task_spec import MAIN_METRIC
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.eval.data_efficiency import CURVE_FILE
-from mlmclm.eval.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
-from mlmclm.eval.pretraining_runs import PretrainedModel, PretrainingInputError, load_pretraining
-from mlmclm.eval.protocol import RUNS_FOLDER, RunRecord
-from mlmclm.eval.seed_groups import has_seed_groups, seed_csv, seed_markdown, seed_table
-from mlmclm.eval.summary import family_results, task_results
-from mlmclm.eval.tasks import FAMILY_SHORT
+from mlmclm.eval.finetune.protocol import RUNS_FOLDER, RunRecord
+from mlmclm.eval.finetune.task_spec import FAMILY_SHORT
+from mlmclm.eval.reports.data_efficiency import CURVE_FILE
+from mlmclm.eval.reports.paper_reference import PAPER_FACTS, PAPER_SCORES, ReferenceScore, reference_lookup
+from mlmclm.eval.reports.pretraining_runs import PretrainedModel, PretrainingInputError, load_pretraining
+from mlmclm.eval.reports.seed_groups import has_seed_groups, seed_csv, seed_markdown, seed_table
+from mlmclm.eval.reports.summary import family_results, task_results
 
 REPORT_FILE = "report.md"
 TABLE_MD, TABLE_CSV = "main_table.md", "main_table.csv"
@@ -175,7 +175,7 @@ def main_table(records: list[RunRecord],
 def released_reference(root: Path, recorded: tuple[ReferenceScore, ...] = PAPER_SCORES) -> tuple[ReferenceScore, ...]:
     """Reference scores from the authors' released per-run results (`encodeval_results`), aggregated by the same
     rule as ours; a (model, column) the paper's printed numbers already give keeps the printed one."""
-    from mlmclm.eval.encodeval_results import EncodEvalFormatError, load_encodeval_results
+    from mlmclm.eval.reports.encodeval_results import EncodEvalFormatError, load_encodeval_results
 
     try:
         records = load_encodeval_results(root)
@@ -254,7 +254,7 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
     figures over pretraining seeds. `grid` (a `paper_figures.PaperGrid`, `recipes/grid.py: paper_catalogue()`) says
     which labels are the paper's runs. Nothing is written when an input is bad or `out` already holds a report
     (unless `force`)."""
-    from mlmclm.eval import paper_figures  # matplotlib only when a report is actually written
+    from mlmclm.eval.reports import paper_figures  # matplotlib only when a report is actually written
 
     out = Path(out)
     _check_output(out, force)
@@ -285,8 +285,8 @@ def write_report(result_dirs: list[Path], out: Path, force: bool = False,
     if sources:
         lines += ["Distance (Δ, percentage points, ours − reference) from: " + "; ".join(sources) + ".", ""]
     elif not table.not_comparable:
-        lines += ["No distance from the paper: `mlmclm/eval/paper_reference.py` records no score of the paper for "
-                  "these models and columns (see its docstring for why and how to add them), and no released "
+        lines += ["No distance from the paper: `mlmclm/eval/reports/paper_reference.py` records no score of the "
+                  "paper for these models and columns (see its docstring for why and how to add them), and no released "
                   "results were given (`--reference-encodeval`).", ""]
     lines += seeds_section
     lines += ["## Figures", ""]
@@ -303,7 +303,7 @@ def _write_seed_outputs(records: list[RunRecord], pretrained: list[PretrainedMod
                         baselines: dict[str, dict[str, float]], out: Path) -> list[str]:
     """The table and figures over pretraining seeds when there is more than one seed or a pretraining.json (else
     any stale ones are removed); returns report.md's section on them."""
-    from mlmclm.eval import seed_figures
+    from mlmclm.eval.reports import seed_figures
 
     if not pretrained and not has_seed_groups(r.model for r in records):
         for name in (SEEDS_TABLE_MD, SEEDS_TABLE_CSV, seed_figures.SPLIT_PNG, seed_figures.CPT_PNG,

@@ -13,10 +13,10 @@ import math
 import re
 from pathlib import Path
 
-from mlmclm.eval.protocol import RunRecord
+from mlmclm.eval.finetune.protocol import RunRecord
 
 FAMILIES = {"SC": "classification", "TC": "token_classification", "QA": "qa", "IR": "retrieval"}
-# EncodEval's task folder names where ours (mlmclm/eval/presets.py) differ.
+# EncodEval's task folder names where ours (mlmclm/eval/finetune/presets.py) differ.
 TASK_NAMES = {"mnli_m": "mnli", "conll2003_en": "conll2003", "ontonotes": "ontonotes5"}
 _RUN_DIR = re.compile(r"^(?:(?P<train>.+)_)?lr(?P<lr>[0-9.e+-]+)_sd(?P<seed>\d+)$")
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mlmclm.eval.hub_files import HubLayoutError, read_parquet, read_qrels
-from mlmclm.eval.retrieval_sets import beir_sets, mldr_sets, read_documents
+from mlmclm.eval.data.hub_files import HubLayoutError, read_parquet, read_qrels
+from mlmclm.eval.data.retrieval_sets import beir_sets, mldr_sets, read_documents
 
 MAIN, PARQUET_EXPORT = "main", "refs/convert/parquet"
 

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlmclm.eval.encodeval_qa import run_encodeval_qa
-from mlmclm.eval.heads import SpanQAModel
-from mlmclm.eval.metrics import squad_scores
-from mlmclm.eval.tasks import TaskData
-from mlmclm.eval.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer, max_length_of,
-                                  pad_batch, seed_everything, train)
+from mlmclm.eval.finetune.encodeval_qa import run_encodeval_qa
+from mlmclm.eval.finetune.heads import SpanQAModel
+from mlmclm.eval.finetune.metrics import squad_scores
+from mlmclm.eval.finetune.task_spec import TaskData
+from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
+                                           max_length_of, pad_batch, seed_everything, train)
 
 MAX_ANSWER_TOKENS = 30
 TOP_K = 20
