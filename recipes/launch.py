@@ -173,8 +173,10 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     `dryrun` writes the scripts (sbatch for Slurm) under the experiment directory without submitting.
     `console_log`: NeMo-Run's own console output (banners, status, hints) goes to this file instead.
     Locally each run's progress is printed (`recipes.progress`) unless `progress` is False.
-    A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log.
-    A finished run (or segment) is not launched: None when every task has finished, before any process starts.
+    A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log; one the trainer
+    refused (mlmclm.train.refusals: an incompatible resume, bad data) raises `TaskRefusedError` with its message.
+    A finished run (or segment) is not launched — None when every task has finished, before any process starts —
+    after the checks a resume makes: a finished run re-launched with a changed setting is refused naming it.
     Locally, Ctrl-C stops the runs as a preemption does (`recipes.interrupt`): `TaskInterruptedError` then says
     which step each saved.
     """
@@ -206,6 +208,7 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
                 executor = make_executor(executor_kind, partial, executor_options)
                 previous = exp.add(partial, executor=executor, name=name,
                                    dependencies=[previous] if previous else None)
+            statuses_before = {name: status_stamp(run_dir_of(partial)) for name, partial in tasks}
             if dryrun:  # NeMo-Run's own dump (an 80-column torchx structure) is replaced by print_local_dryrun
                 exp.dryrun(log=False, delete_exp_dir=False)
             else:
@@ -232,6 +235,9 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     if failed:
         if message := preemption_report(list(failed), {name: run_dir_of(partial) for name, partial in tasks}):
             raise TaskPreemptedError(message)
+        if refused := refusals(list(failed), {name: run_dir_of(partial) for name, partial in tasks},
+                               statuses_before, None if slurm else exp._exp_dir):
+            raise TaskRefusedError(refused)
         if slurm:
             from cluster.slurm_jobs import error_lines
 
@@ -259,11 +265,37 @@ def unfinished(tasks: list[tuple[str, run.Partial]], console) -> list[tuple[str,
         if step is None:
             left.append((name, partial))
         else:
+            check_finished_run_unchanged(partial)
             what = "the segment (checkpoint.stop_at)" if step < cfg.total_steps else "the run"
             if console is not None:
                 print(f"{run_dir_of(partial)}: {what} already finished at step {step}; nothing to train (delete "
                       f"the directory to train again)", file=console, flush=True)
     return left
+
+
+def check_finished_run_unchanged(partial: run.Partial) -> None:
+    """A finished run counts as finished for this config only if a resume would accept it: the resume's own checks
+    (mlmclm.train.resume_check), so a setting changed since (`seed=99`) is refused naming it, never ignored. The
+    data identity is checked where the data is a local dataset (a remote run's may not be visible from here)."""
+    from mlmclm.train import checkpoint as ckpt
+    from mlmclm.train.resume_check import check_resume_from
+
+    cfg = validate(partial)
+    try:
+        check_resume_from(cfg, ckpt.latest_checkpoint(cfg.checkpoint_dir), _local_manifest(cfg))
+    except ckpt.CheckpointError as err:  # an unreadable checkpoint: a refusal like any bad input
+        raise ValueError(str(err)) from None
+
+
+def _local_manifest(cfg):
+    """The first phase's dataset manifest when it is a local dataset (a resume checks it), else None."""
+    from mlmclm.data.manifest import Manifest
+
+    path = cfg.phase_data()[0].path
+    if path is None or not _local_path(str(path)):
+        return None
+    manifest = Path(path) if str(path).endswith(".json") else Path(path) / MANIFEST_NAME
+    return Manifest.load(path) if manifest.is_file() else None
 
 
 @contextlib.contextmanager
@@ -360,6 +392,50 @@ class TaskPreemptedError(TaskFailedError):
 
 class TaskInterruptedError(TaskFailedError):
     """Ctrl-C stopped a local launch (recipes.interrupt); the message says what each task saved."""
+
+
+class TaskRefusedError(TaskFailedError):
+    """The trainer refused a task's input (mlmclm.train.refusals); the message is the trainer's own, once."""
+
+
+def status_stamp(run_dir: str) -> tuple[int, int] | None:
+    """When and how long RUN/run_status.json was last written (None if absent): a status written by this launch
+    is told from one an earlier attempt left."""
+    from mlmclm.train.pretrain import STATUS_FILE
+
+    try:
+        info = (Path(run_dir) / STATUS_FILE).stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+def refusals(failed: list[str], run_dirs: dict[str, str], stamps_before: dict, exp_dir: str | Path | None) -> str:
+    """One line per failed task the trainer refused: its run_status.json's `refused` message written by this
+    launch, else the refusal a rank printed (a run directory another run holds: its status is that run's).
+    Empty when none was refused. `exp_dir`: where the local tasks' rank logs are (None: not searched)."""
+    lines = []
+    for name in failed:
+        state = run_status(run_dirs[name])
+        fresh = status_stamp(run_dirs[name]) != stamps_before.get(name)
+        message = state.get("detail") if fresh and state.get("status") == "refused" else None
+        if message is None and exp_dir is not None:
+            message = logged_refusal(exp_dir, name)
+        if message:
+            lines.append(f"task {name} refused: {message}")
+    return "\n".join(lines)
+
+
+def logged_refusal(exp_dir: str | Path, task: str) -> str | None:
+    """The refusal a rank of the task's latest attempt printed (recipes.entry), if any."""
+    from mlmclm.train.refusals import REFUSAL_MARK
+
+    attempts = sorted((Path(exp_dir) / task).rglob("attempt_*"), key=lambda p: p.stat().st_mtime)
+    for path in sorted(attempts[-1].glob("*/stderr.log")) if attempts else []:
+        for line in _RANK_PREFIX.sub("", path.read_text(errors="replace")).splitlines():
+            if line.startswith(REFUSAL_MARK):
+                return line.removeprefix(REFUSAL_MARK)
+    return None
 
 
 def preemption_report(failed: list[str], run_dirs: dict[str, str]) -> str | None:

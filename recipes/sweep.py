@@ -353,6 +353,8 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
             depends = [job_ids[name] for name in job.after] if slurm and job.after else None
             job_ids[job.name] = exp.add(job.partial, executor=executor, name=job.name, dependencies=depends)
+        run_dirs = {job.name: job.partial.config.run_dir for job in jobs}
+        stamps_before = {name: launch.status_stamp(run_dir) for name, run_dir in run_dirs.items()}
         if dryrun:
             exp.dryrun(log=False, delete_exp_dir=False)  # the scripts are written; 38 printed would drown the plan
         else:  # Slurm: submitted detached and followed with scontrol (launch.follow_slurm; NeMo-Run's needs sacct)
@@ -365,8 +367,9 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
         failed = {name: str(info["status"]) for name, info in statuses.items()
                   if str(info["status"]) != "SUCCEEDED"}
         if failed and interrupt is not None and interrupt.requested:
-            raise launch.TaskInterruptedError(launch.interrupted_report(
-                list(failed), {job.name: job.partial.config.run_dir for job in jobs}))
+            raise launch.TaskInterruptedError(launch.interrupted_report(list(failed), run_dirs))
+        if refused := launch.refusals(list(failed), run_dirs, stamps_before, None if slurm else exp._exp_dir):
+            raise launch.TaskRefusedError(refused)
         if failed:
             raise launch.TaskFailedError(f"experiment {exp._id}: run(s) did not succeed: {failed}; logs under "
                                          f"{exp._exp_dir}")
@@ -418,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     except launch.TaskInterruptedError as err:
         print(str(err), file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+    except launch.TaskRefusedError as err:  # the trainer's own message (an incompatible resume, bad data), once
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except launch.TaskFailedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

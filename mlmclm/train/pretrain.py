@@ -25,8 +25,9 @@ from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.logger import MetricsLogger
+from mlmclm.train.refusals import is_refusal
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
-from mlmclm.train.resume_check import check_resume_compatible, check_rope_in_force, check_same_shape
+from mlmclm.train.resume_check import check_resume_from, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, check_run_dir_is_ours, remove_staging_leftovers
 from mlmclm.train.signals import StopRequest, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
@@ -129,7 +130,8 @@ def _peak_tflops(cfg: TrainConfig) -> float | None:
         return None
 
 
-STATUS_FILE = "run_status.json"  # rank 0's last word on the run: completed, preempted or failed, with the step
+# rank 0's last word on the run: completed, preempted, segment_done, save_failed, refused or failed, with the step
+STATUS_FILE = "run_status.json"
 
 
 def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = "") -> None:
@@ -139,12 +141,12 @@ def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = 
 
 
 def _write_failure_status(cfg: TrainConfig, err: Exception, step: int | None) -> None:
-    """`save_failed` (the save's own message) or `failed`; a status that cannot be written either (a disk still
-    full) is logged, never raised over the run's own error."""
-    failed_save = isinstance(err, ckpt.CheckpointWriteError)
+    """`save_failed` or `refused` (with the error's own message: mlmclm.train.refusals), else `failed`; a status
+    that cannot be written either (a disk still full) is logged, never raised over the run's own error."""
+    status = ("save_failed" if isinstance(err, ckpt.CheckpointWriteError) else "refused" if is_refusal(err)
+              else "failed")
     try:
-        write_status(cfg, "save_failed" if failed_save else "failed", step,
-                     str(err) if failed_save else f"{type(err).__name__}: {err}")
+        write_status(cfg, status, step, f"{type(err).__name__}: {err}" if status == "failed" else str(err))
     except OSError as status_err:
         log.error("could not write %s either: %s", STATUS_FILE, status_err)
 
@@ -228,12 +230,7 @@ class _Run:
         cfg = self.cfg
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint.resume else None
         if latest is not None:
-            saved_cfg = ckpt.read_json(latest, ckpt.RUN_CONFIG)
-            saved_state = ckpt.read_json(latest, ckpt.TRAIN_STATE)
-            check_resume_compatible(saved_cfg, saved_state, cfg.to_dict(), cfg.checkpoint.allow_resume_changes,
-                                    self.manifest, str(latest))
-            last_step = min(saved_state["iteration"], cfg.total_steps) - 1  # the checkpoint's last trained step
-            check_rope_in_force(saved_state, self.phase_models[cfg.phase_at(last_step)], str(latest))
+            check_resume_from(cfg, latest, self.manifest)
             self._continue_from(ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler))
             self._info(f"resumed {latest} at step {self.iteration} ({self.consumed_tokens} tokens)")
         elif cfg.checkpoint.branch_from:
