@@ -12,8 +12,10 @@ Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainC
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
 A local launch checks every data_path first: tiny recipes pack the embedded corpus at their default path, elsewhere
 only with --prepare-data, and never into a non-empty directory. A failed task's own error is printed here; a task
-that stopped for a preemption after saving exits 75 (run the same command again to resume). Ctrl-C on a local launch
-stops it the same way (save at the next step boundary) and exits 130; a finished run starts nothing and exits 0.
+that stopped for a preemption after saving exits 75 (run the same command again to resume); one the trainer refused
+(an incompatible resume, bad data) prints the trainer's message alone and exits 2. Ctrl-C on a local launch stops it
+the same way (save at the next step boundary) and exits 130; a finished run starts nothing and exits 0, or 2 when a
+setting that shapes it changed (named; a resume would refuse it too).
 """
 from __future__ import annotations
 
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     except launch.TaskPreemptedError as err:
         print(redact(str(err)), file=sys.stderr)
         return PREEMPTED_EXIT_CODE
+    except launch.TaskRefusedError as err:  # the trainer's own message (an incompatible resume, bad data), once
+        print(redact(f"error: {err}"), file=sys.stderr)
+        return 2
     except launch.TaskFailedError as err:
         print(redact(f"error: {err}"), file=sys.stderr)
         return 1

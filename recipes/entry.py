@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 from mlmclm.parallel.torchrun import PREEMPTED_EXIT_CODE
 from mlmclm import quiet
-from mlmclm.redact import install_log_redaction
+from mlmclm.redact import install_log_redaction, redact
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.save_errors import SAVE_FAILED_EXIT_CODE, CheckpointWriteError
 
@@ -31,6 +32,7 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
     if os.environ.get("RANK", "0") == "0" and (note := quiet.kernels_note()):
         logging.getLogger("recipes").warning(note)
     from mlmclm.train.pretrain import pretrain
+    from mlmclm.train.refusals import REFUSAL_MARK, REFUSALS, REFUSED_EXIT_CODE
 
     log = logging.getLogger("recipes")
     try:
@@ -38,6 +40,9 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
     except CheckpointWriteError as err:  # said in full, without a traceback; run_status.json: save_failed
         log.error("%s", err)
         raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
+    except REFUSALS as err:  # bad input, an incompatible resume: its message alone; run_status.json: refused
+        print(redact(REFUSAL_MARK + str(err)), file=sys.stderr, flush=True)
+        raise SystemExit(REFUSED_EXIT_CODE) from None
     if result.status == "preempted":
         # Non-zero on purpose: the Slurm job requeues itself and resumes, and a dependent (afterok) task of a
         # chain does not start from a half-finished run.

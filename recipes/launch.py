@@ -1,108 +1,32 @@
-"""From a recipe name plus `key=value` overrides to a launched (or dry-run) NeMo-Run experiment.
-
-Overrides are of three kinds, told apart by their key:
-  * a recipe parameter (`nodes=4`, `mask_ratio=0.3`, `total_steps=12000`, ...): passed to the builder, so derived
-    values (micro batch, phase lengths, run dir) follow;
-  * `executor.KEY=VALUE`: an argument of the executor factory (`cluster.executors`);
-  * any other dotted path into the TrainConfig (`optimizer.lr=3e-4`, `phases.1.objective.mask_ratio=0.3`,
-    optionally prefixed `config.`): set on the built `run.Config` tree.
-The result is validated again after the overrides.
+"""A built recipe (recipes.overrides) to a launched (or dry-run) NeMo-Run experiment: executors sized by the recipe,
+chains of tasks, the local runs' progress, Ctrl-C, Slurm submission and following, and what the console says when a
+task does not succeed (recipes.task_outcome). The names other modules and tests use from the launcher are importable
+from here.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import fiddle as fdl
 import nemo_run as run
 from invoke.exceptions import UnexpectedExit
 
-from mlmclm.config_io import parse_value
-from mlmclm.data.manifest import MANIFEST_NAME
 from mlmclm.redact import redact
 from recipes import registry
 from recipes.base import validate, world_size
+from recipes.data_check import not_a_dataset, prepare_local_data  # noqa: F401  (the launcher's API)
+from recipes.finished_runs import check_finished_run_unchanged, unfinished  # noqa: F401
 from recipes.interrupt import LocalInterrupt, no_new_tasks
+from recipes.overrides import Overrides, build, set_config_path, split_overrides  # noqa: F401
 from recipes.plan import training_plan
-from recipes.progress import RunProgress, checkpointed_step, finished_step
+from recipes.progress import RunProgress
+from recipes.task_outcome import (TaskFailedError, TaskInterruptedError, TaskPreemptedError,  # noqa: F401
+                                  TaskRefusedError, interrupted_report, preemption_report, refusals, run_status,
+                                  status_stamp, task_error)
 
 EXECUTORS = ("local", "slurm")
-
-
-@dataclass
-class Overrides:
-    recipe: dict = field(default_factory=dict)
-    executor: dict = field(default_factory=dict)
-    config: list[tuple[list[str], object]] = field(default_factory=list)
-
-
-def split_overrides(recipe: registry.Recipe, items: list[str]) -> Overrides:
-    out = Overrides()
-    params = recipe.parameters()
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"override {item!r} is not of the form key=value")
-        value = parse_value(raw)
-        if key.startswith("executor."):
-            out.executor[key.removeprefix("executor.")] = value
-        elif key in params:
-            out.recipe[key] = value
-        else:
-            out.config.append((key.removeprefix("config.").split("."), value))
-    return out
-
-
-def set_config_path(config: run.Config, path: list[str], value) -> None:
-    """Set `value` at a dotted path of a `run.Config` tree (list items by index)."""
-    node = config
-    where = []
-    for part in path[:-1]:
-        where.append(part)
-        node = _child(node, part, ".".join(where))
-    last = path[-1]
-    if isinstance(node, list):
-        node[_index(node, last, ".".join(path))] = value
-        return
-    if not isinstance(node, fdl.Buildable):
-        raise ValueError(f"config override {'.'.join(path)!r}: {'.'.join(where)!r} is not a config section")
-    if last not in fdl.ordered_arguments(node, include_defaults=True):
-        known = sorted(fdl.ordered_arguments(node, include_defaults=True))
-        raise ValueError(f"config override {'.'.join(path)!r}: {fdl.get_callable(node).__name__} has no field "
-                         f"{last!r}; known: {known}")
-    setattr(node, last, value)
-
-
-def _index(node: list, part: str, key: str) -> int:
-    if not part.isdigit() or int(part) >= len(node):
-        raise ValueError(f"config override {key!r}: {part!r} is not an index of a list of {len(node)}")
-    return int(part)
-
-
-def _child(node, part: str, key: str):
-    if isinstance(node, list):
-        return node[_index(node, part, key)]
-    if isinstance(node, fdl.Buildable) and part in fdl.ordered_arguments(node, include_defaults=True):
-        child = getattr(node, part)
-        if isinstance(child, (fdl.Buildable, list)):
-            return child
-    raise ValueError(f"config override {key!r}: no config section named {part!r}")
-
-
-def build(name: str, items: list[str] = (), extra_params: dict | None = None) -> tuple[run.Partial, Overrides]:
-    """The recipe `name` with overrides applied and validated; also returns the executor overrides."""
-    recipe = registry.get(name)
-    overrides = split_overrides(recipe, list(items))
-    partial = recipe.build(**{**overrides.recipe, **(extra_params or {})})
-    for path, value in overrides.config:
-        set_config_path(partial.config, path, value)
-    validate(partial)
-    return partial, overrides
 
 
 def make_executor(kind: str, partial: run.Partial, options: dict | None = None):
@@ -173,8 +97,10 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     `dryrun` writes the scripts (sbatch for Slurm) under the experiment directory without submitting.
     `console_log`: NeMo-Run's own console output (banners, status, hints) goes to this file instead.
     Locally each run's progress is printed (`recipes.progress`) unless `progress` is False.
-    A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log.
-    A finished run (or segment) is not launched: None when every task has finished, before any process starts.
+    A task that did not succeed raises `TaskFailedError` carrying the last lines of its own log; one the trainer
+    refused (mlmclm.train.refusals: an incompatible resume, bad data) raises `TaskRefusedError` with its message.
+    A finished run (or segment) is not launched — None when every task has finished, before any process starts —
+    after the checks a resume makes: a finished run re-launched with a changed setting is refused naming it.
     Locally, Ctrl-C stops the runs as a preemption does (`recipes.interrupt`): `TaskInterruptedError` then says
     which step each saved.
     """
@@ -206,6 +132,7 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
                 executor = make_executor(executor_kind, partial, executor_options)
                 previous = exp.add(partial, executor=executor, name=name,
                                    dependencies=[previous] if previous else None)
+            statuses_before = {name: status_stamp(run_dir_of(partial)) for name, partial in tasks}
             if dryrun:  # NeMo-Run's own dump (an 80-column torchx structure) is replaced by print_local_dryrun
                 exp.dryrun(log=False, delete_exp_dir=False)
             else:
@@ -232,6 +159,9 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     if failed:
         if message := preemption_report(list(failed), {name: run_dir_of(partial) for name, partial in tasks}):
             raise TaskPreemptedError(message)
+        if refused := refusals(list(failed), {name: run_dir_of(partial) for name, partial in tasks},
+                               statuses_before, None if slurm else exp._exp_dir):
+            raise TaskRefusedError(refused)
         if slurm:
             from cluster.slurm_jobs import error_lines
 
@@ -249,23 +179,6 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     return exp
 
 
-def unfinished(tasks: list[tuple[str, run.Partial]], console) -> list[tuple[str, run.Partial]]:
-    """The tasks with steps left to train; each finished one is named on `console` (None: not named) — its
-    processes never start, so a re-run of a finished run returns at once."""
-    left = []
-    for name, partial in tasks:
-        cfg = partial.config
-        step = finished_step(run_dir_of(partial), cfg.total_steps, cfg.checkpoint.stop_at)
-        if step is None:
-            left.append((name, partial))
-        else:
-            what = "the segment (checkpoint.stop_at)" if step < cfg.total_steps else "the run"
-            if console is not None:
-                print(f"{run_dir_of(partial)}: {what} already finished at step {step}; nothing to train (delete "
-                      f"the directory to train again)", file=console, flush=True)
-    return left
-
-
 @contextlib.contextmanager
 def _interruptible(interrupt: LocalInterrupt | None):
     if interrupt is None:
@@ -273,23 +186,6 @@ def _interruptible(interrupt: LocalInterrupt | None):
         return
     with interrupt, no_new_tasks(interrupt):
         yield
-
-
-def interrupted_report(failed: list[str], run_dirs: dict[str, str]) -> str:
-    """After Ctrl-C: for each task that did not finish, the step it saved (or that it saved nothing new)."""
-    lines = []
-    for name in failed:
-        state, saved = run_status(run_dirs[name]), checkpointed_step(Path(run_dirs[name]))
-        if state.get("status") == "preempted":
-            lines.append(f"stopping: saved step {state.get('step')} in {run_dirs[name]} — run the same command to "
-                         f"resume")
-        elif saved is None:
-            lines.append(f"stopped: {name} had saved no checkpoint yet (nothing to resume; the same command starts "
-                         f"it afresh)")
-        else:
-            lines.append(f"stopped: {name} stopped before saving again; its last checkpoint is step {saved} in "
-                         f"{run_dirs[name]} — run the same command to resume")
-    return "\n".join(lines)
 
 
 def slurm_jobs(exp: run.Experiment) -> dict[str, str]:
@@ -350,38 +246,6 @@ def print_slurm_dryrun(exp: run.Experiment) -> None:
         sys.stdout.flush()
 
 
-class TaskFailedError(RuntimeError):
-    pass
-
-
-class TaskPreemptedError(TaskFailedError):
-    """Every failed task stopped for a preemption after saving (the ranks exit 75; NeMo-Run only sees "failed")."""
-
-
-class TaskInterruptedError(TaskFailedError):
-    """Ctrl-C stopped a local launch (recipes.interrupt); the message says what each task saved."""
-
-
-def preemption_report(failed: list[str], run_dirs: dict[str, str]) -> str | None:
-    """When every failed task stopped for a preemption after saving, say so (else None: a real failure)."""
-    states = {name: run_status(run_dirs[name]) for name in failed}
-    if not failed or any(state.get("status") != "preempted" for state in states.values()):
-        return None
-    return "\n".join(f"task {name}: PREEMPTED at step {state.get('step')}, checkpoint saved in {run_dirs[name]}; run "
-                     f"the same command again to resume" for name, state in states.items())
-
-
-def run_status(run_dir: str) -> dict:
-    """What the run's rank 0 last wrote to RUN/run_status.json ({} if nothing, or not a local path)."""
-    from mlmclm.train.pretrain import STATUS_FILE
-
-    path = Path(run_dir) / STATUS_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 @contextlib.contextmanager
 def _watched(reporters: list[RunProgress]):
     for reporter in reporters:
@@ -410,71 +274,3 @@ def _console_to(path: str | Path | None):
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
             os.close(saved[0]), os.close(saved[1])
-
-
-_ROOT_CAUSE_RANK = re.compile(r"Root Cause.*?\brank\s*:\s*(\d+)", re.S)
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:", re.M)
-
-
-def task_error(exp_dir: str | Path, task: str, lines: int = 12) -> list[str]:
-    """The last lines of a failed task's own error: the root-cause rank's stderr from torchrun's latest attempt
-    (else any rank's that shows an error), else the task's combined log."""
-    task_dir = Path(exp_dir) / task
-    combined = sorted(task_dir.rglob("combined.log"), key=lambda p: p.stat().st_mtime)
-    combined_text = combined[-1].read_text(errors="replace") if combined else ""
-    attempts = sorted(task_dir.rglob("attempt_*"), key=lambda p: p.stat().st_mtime)
-    candidates = []
-    if attempts:
-        ranks = sorted(attempts[-1].glob("*/stderr.log"), key=lambda p: p.parent.name)
-        cause = _ROOT_CAUSE_RANK.search(combined_text)
-        candidates = [p for p in ranks if cause and p.parent.name == cause.group(1)] + ranks
-    for path in candidates:
-        text = _RANK_PREFIX.sub("", path.read_text(errors="replace")).rstrip()
-        if "Error" in text or "Traceback" in text:
-            return [f"({path})"] + text.splitlines()[-lines:]
-    if combined_text:
-        return [f"({combined[-1]})"] + combined_text.rstrip().splitlines()[-lines:]
-    return [f"(no task log found under {task_dir})"]
-
-
-def _local_path(path: str) -> bool:
-    return "://" not in path and not path.startswith("pipe:")
-
-
-def prepare_local_data(names: list[str], partials: list[run.Partial], prepare: bool = False) -> None:
-    """Check, before a local launch, that every task's data path holds a dataset (its manifest.json).
-
-    The tiny recipes pack the embedded corpus when asked to: at their own default path, or anywhere with
-    `prepare=True` (`--prepare-data`). Nowhere else is data invented, and a non-empty directory that is not a
-    dataset is refused, never written into.
-    """
-    for name, partial in zip(names, partials):
-        recipe = registry.get(name)
-        path = str(partial.config.data.path)
-        if not _local_path(path) or (Path(path) / MANIFEST_NAME).exists():
-            continue
-        default = recipe.parameters().get("data_path")
-        at_default = isinstance(default, str) and Path(default).resolve() == Path(path).resolve()
-        if recipe.prepare is not None and (prepare or at_default):
-            recipe.prepare(path)
-            continue
-        raise ValueError(f"{name}: {not_a_dataset(path)}" + ("; pass --prepare-data to pack the embedded corpus there"
-                         if recipe.prepare is not None and not Path(path).is_file() and not _non_empty(path) else "")
-                         + " (or prepare a dataset with tools/prepare_data.py)")
-
-
-def _non_empty(path: str | Path) -> bool:
-    return Path(path).is_dir() and any(Path(path).iterdir())
-
-
-def not_a_dataset(path: str | Path) -> str:
-    """Why `path` (which has no manifest) is not a dataset, in words."""
-    path = Path(path)
-    if not path.exists():
-        return f"data_path {path} does not exist"
-    if not path.is_dir():
-        return f"data_path {path} is a file, not a dataset directory"
-    if _non_empty(path):
-        return (f"data_path {path} is a non-empty directory that is not a dataset (no {MANIFEST_NAME}); refusing to "
-                f"write into it")
-    return f"data_path {path} is an empty directory (no {MANIFEST_NAME})"

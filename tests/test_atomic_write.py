@@ -61,7 +61,7 @@ def _tails(folder):
 
 
 def _status(folder):
-    from mlmclm.train.pretrain import write_status
+    from mlmclm.train.run_status import write_status
 
     class Cfg:
         run_dir = str(folder)
@@ -70,7 +70,7 @@ def _status(folder):
 
 
 def _metrics(folder):
-    from mlmclm.train.pretrain import _rewind_metrics
+    from mlmclm.train.logger import rewind_metrics as _rewind_metrics
 
     (folder / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     _rewind_metrics(folder / "metrics.jsonl", 1)

@@ -29,15 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(redact(f"error: invalid training config: {err}"), file=sys.stderr)
         return 2
-    from mlmclm.train.checkpoint import CheckpointError
-    from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
-    from mlmclm.train.run_lock import RunLockedError
+    from mlmclm.train.refusals import REFUSALS, REFUSED_EXIT_CODE
 
     try:
         result = pretrain(cfg)
-    except (CheckpointError, UnsafeCheckpointError, RunLockedError, ValueError) as err:  # bad input, a busy folder
+    except REFUSALS as err:  # bad input, an incompatible resume, a busy folder: the message alone
         print(redact(f"error: {err}"), file=sys.stderr)
-        return 2
+        return REFUSED_EXIT_CODE
     import os
 
     if os.environ.get("RANK", "0") == "0":

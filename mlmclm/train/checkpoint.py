@@ -33,6 +33,7 @@ from mlmclm.parallel import current_device
 from mlmclm.train import checkpoint_guard
 from mlmclm.train import rng_state
 from mlmclm.train import save_errors
+from mlmclm.train import te_extra_state
 from mlmclm.train.adam_step_state import fit_groups_to_fused_adam, keep_step_when_loading, keeps_step_per_parameter
 from mlmclm.train.save_errors import CheckpointWriteError  # noqa: F401  (raised by save_checkpoint)
 
@@ -306,7 +307,7 @@ def _make_extra_states_safe(state: dict, path: Path) -> None:
             continue
         for key, value in model_state.items():
             if key.endswith(EXTRA_STATE_SUFFIX):
-                model_state[key] = checkpoint_guard.safe_extra_state(value, f"{path}: {key}")
+                model_state[key] = te_extra_state.safe_extra_state(value, f"{path}: {key}")
 
 
 def _preview(keys: list[str], limit: int = 6) -> str:
@@ -317,7 +318,7 @@ def _preview(keys: list[str], limit: int = 6) -> str:
 def _apply_model_state(ddp_chunks, state: dict) -> None:
     for index, chunk in enumerate(ddp_chunks):
         key = "model" if len(ddp_chunks) == 1 else f"model{index}"
-        result = checkpoint_guard.load_vetted_state(unwrap(chunk), state[key])  # TE >= 2.18: see there
+        result = te_extra_state.load_vetted_state(unwrap(chunk), state[key])  # TE >= 2.18: see there
         missing = [k for k in result.missing_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
         unexpected = [k for k in result.unexpected_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
         if missing or unexpected:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 
+from mlmclm.atomic_write import write_atomic
 from mlmclm.tensorboard_tags import phase_location, phase_tag, tensorboard_tag
 
 log = logging.getLogger("mlmclm.train")
@@ -155,3 +156,20 @@ class MetricsLogger:
             if writer is not None:
                 writer.flush()
                 writer.close()
+
+
+def rewind_metrics(path: Path, step: int) -> None:
+    """Drop the rows after `step` (the resumed checkpoint) that a crashed attempt logged: one row per step."""
+    if not path.exists():
+        return
+    rows = path.read_text().splitlines(keepends=True)
+    kept = [row for row in rows if _row_step(row) is not None and _row_step(row) <= step]
+    if len(kept) != len(rows):
+        write_atomic(path, "".join(kept))
+
+
+def _row_step(row: str) -> int | None:
+    try:
+        return int(json.loads(row)["step"])
+    except (ValueError, KeyError, TypeError):  # a line torn by the crash, or not ours
+        return None

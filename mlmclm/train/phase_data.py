@@ -11,6 +11,7 @@ the parent's) make the sources read before N the same, in the same order, in bot
 from __future__ import annotations
 
 from mlmclm.data.blend import build_loader
+from mlmclm.model.precision import fp8_token_alignment
 from mlmclm.train.config import TrainConfig
 
 
@@ -71,3 +72,11 @@ class PhaseLoaders:
     def close(self) -> None:
         for loader in self.loaders:
             loader.close()
+
+
+def padding(cfg: TrainConfig) -> dict:
+    """How random-length micro-batches are padded: to a multiple of the FP8 alignment per tensor-parallel rank
+    (`fp8_token_alignment`: 16, 32 for MXFP8; sequence parallelism divides by TP), and with pipeline parallelism
+    every micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
+    return {"pad_multiple": fp8_token_alignment(cfg.precision) * cfg.parallel.tensor_parallel,
+            "same_length": cfg.parallel.pipeline_parallel > 1}

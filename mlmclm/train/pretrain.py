@@ -1,8 +1,6 @@
 """`pretrain(config)`: the whole run — phases, CPT initialisation, exact resume, checkpoints, logging, guards."""
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,24 +8,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mlmclm.atomic_write import write_atomic
-from mlmclm.train.phase_data import PhaseLoaders
-from mlmclm.train.prefetch import StepBatches
-from mlmclm.data.manifest import Manifest
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
 from mlmclm.model.document_attention import check_local_packed_attention
-from mlmclm.model.precision import fp8_token_alignment
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel
-from mlmclm.redact import redact, redact_tree
+from mlmclm.redact import redact_tree
 from mlmclm.train import checkpoint as ckpt
+from mlmclm.train import step_flops
 from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
 from mlmclm.train.config import TrainConfig
+from mlmclm.train.data_fit import check_data_fits_model
 from mlmclm.train.determinism import enable_determinism
-from mlmclm.train.logger import MetricsLogger
+from mlmclm.train.logger import MetricsLogger, rewind_metrics
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
-from mlmclm.train.resume_check import check_resume_compatible, check_rope_in_force, check_same_shape
+from mlmclm.train.phase_data import PhaseLoaders, padding
+from mlmclm.train.prefetch import StepBatches
+from mlmclm.train.resume_check import check_resume_from, check_same_shape
 from mlmclm.train.run_lock import RunLock, RunLockedError, check_run_dir_is_ours, remove_staging_leftovers
+from mlmclm.train.run_status import write_failure_status, write_status
 from mlmclm.train.signals import StopRequest, stop_signals_blocked
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
 from mlmclm.train.validation import Validator, validation_path
@@ -49,106 +47,6 @@ class RunResult:
     tensorboard_dir: str | None = None
 
 
-def resolve_tokenizer_path(name: str | None) -> str | None:
-    if name == "embedded":
-        from mlmclm.data.tokenizer import embedded_tokenizer_dir
-
-        return str(embedded_tokenizer_dir())
-    return name
-
-
-def check_data_fits_model(cfg: TrainConfig, manifest: Manifest, phase: int = 0, model=None) -> None:
-    """Phase `phase`'s data (`manifest`) fits the model that phase trains (`model`: its θ and context)."""
-    tok = manifest.tokenizer
-    model = model or cfg.model
-    data = cfg.phase_data()[phase]
-    if tok.get("vocab_size", 0) > cfg.model.vocab_size:
-        raise ValueError(f"model.vocab_size {cfg.model.vocab_size} is smaller than the data's tokenizer vocabulary "
-                         f"{tok.get('vocab_size')} ({manifest.location})")
-    if data.random_length is None and manifest.seq_length > model.max_position_embeddings:
-        raise ValueError(f"data seq_length {manifest.seq_length} ({manifest.location}, phase {phase}) exceeds the "
-                         f"max_position_embeddings {model.max_position_embeddings} of that phase "
-                         f"(model.max_position_embeddings, or raise it with phases[{phase}].max_position_embeddings)")
-    raised = cfg.phases[phase].max_position_embeddings
-    longest = manifest.seq_length if data.random_length is None else data.random_length.max_length
-    if raised is not None and longest < raised:
-        source = (f"the rows of {manifest.location}" if data.random_length is None
-                  else "its data.random_length.max_length")
-        raise ValueError(f"phases[{phase}].max_position_embeddings {raised}: the phase's longest sample is {longest} "
-                         f"tokens ({source}), so the context it claims would never be trained; give the phase data "
-                         f"of that length")
-    if cfg.parallel.sequence_parallel and data.random_length is None and \
-            manifest.seq_length % cfg.parallel.tensor_parallel:
-        raise ValueError(f"sequence parallelism needs seq_length {manifest.seq_length} divisible by "
-                         f"tensor_parallel {cfg.parallel.tensor_parallel}")
-    if any(p.objective.kind == "mlm" for p in cfg.phases) and tok.get("mask_id") is None:
-        raise ValueError(f"an MLM phase needs a mask token, but the data's tokenizer {tok.get('name')!r} has none")
-    tokenizer = data.tokenizer or cfg.data.tokenizer
-    if tokenizer is not None:
-        from mlmclm.data.tokenizer import check_same_tokenizer
-
-        check_same_tokenizer(tok, _tokenizer_identity(tokenizer), where=manifest.location)
-
-
-@functools.lru_cache(maxsize=None)
-def _tokenizer_identity(name: str) -> dict:
-    """The identity of the tokenizer a config names, loaded once per process (each phase's data checks it)."""
-    from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
-
-    return tokenizer_identity(load_tokenizer(resolve_tokenizer_path(name)))
-
-
-def _flops_per_step(cfg: TrainConfig, seq_length: int, objective, lengths=None) -> float:
-    """Model FLOPs of a step: fixed rows of `seq_length`, or random-length samples of `lengths`, each attending
-    within itself (the real tokens and attention lengths, not micro_batch × seq_length)."""
-    from mlmclm import flops
-
-    kwargs = dict(causal=objective.kind == "clm", lm_head_fraction=flops.lm_head_fraction(objective))
-    if lengths is not None:
-        return flops.flops_for_lengths(cfg.model, lengths, **kwargs)
-    return flops.flops_per_step(cfg.model, seq_length, cfg.global_batch_size, **kwargs)
-
-
-def _padding(cfg: TrainConfig) -> dict:
-    """How random-length micro-batches are padded: to a multiple of the FP8 alignment per tensor-parallel rank
-    (`fp8_token_alignment`: 16, 32 for MXFP8; sequence parallelism divides by TP), and with pipeline parallelism
-    every micro-batch of a step to the same length (megatron's stages exchange fixed shapes)."""
-    return {"pad_multiple": fp8_token_alignment(cfg.precision) * cfg.parallel.tensor_parallel,
-            "same_length": cfg.parallel.pipeline_parallel > 1}
-
-
-def _peak_tflops(cfg: TrainConfig) -> float | None:
-    """Per-GPU peak for MFU: the configured number, else the device's from the table; None on CPU/unknown."""
-    if cfg.logging.peak_tflops is not None:
-        return cfg.logging.peak_tflops
-    from mlmclm import flops
-
-    try:
-        return flops.peak_flops("fp8" if cfg.precision.fp8 else "bf16") / 1e12
-    except ValueError:
-        return None
-
-
-STATUS_FILE = "run_status.json"  # rank 0's last word on the run: completed, preempted or failed, with the step
-
-
-def write_status(cfg: TrainConfig, status: str, step: int | None, detail: str = "") -> None:
-    path = Path(cfg.run_dir) / STATUS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"status": status, "step": step, "detail": redact(detail)}))
-
-
-def _write_failure_status(cfg: TrainConfig, err: Exception, step: int | None) -> None:
-    """`save_failed` (the save's own message) or `failed`; a status that cannot be written either (a disk still
-    full) is logged, never raised over the run's own error."""
-    failed_save = isinstance(err, ckpt.CheckpointWriteError)
-    try:
-        write_status(cfg, "save_failed" if failed_save else "failed", step,
-                     str(err) if failed_save else f"{type(err).__name__}: {err}")
-    except OSError as status_err:
-        log.error("could not write %s either: %s", STATUS_FILE, status_err)
-
-
 def pretrain(cfg: TrainConfig) -> RunResult:
     """Run (or resume) the whole training run described by `cfg` on the ranks torchrun started."""
     if cfg.deterministic:  # before NCCL and the model exist: both read these switches when created
@@ -161,7 +59,7 @@ def pretrain(cfg: TrainConfig) -> RunResult:
         return run.run()
     except Exception as err:
         if state.rank == 0 and not isinstance(err, RunLockedError):  # that directory's status is another run's
-            _write_failure_status(cfg, err, run.iteration if run else None)
+            write_failure_status(cfg, err, run.iteration if run else None)
         raise
     finally:
         if lock is not None:
@@ -194,14 +92,14 @@ class _Run:
         self.cfg, self.state, self.lock = cfg, state, lock
         self.rank0 = state.rank == 0
         # Each phase's data (its own or the run's; one dataset or a blend each), every source with its position.
-        self.data = PhaseLoaders(cfg, state.dp_rank, state.dp_size, **_padding(cfg))
+        self.data = PhaseLoaders(cfg, state.dp_rank, state.dp_size, **padding(cfg))
         self.manifest = self.data.manifest
         self.phase_models = cfg.phase_models()  # each phase's RoPE θ and context (a phase may raise them)
         for index in range(len(cfg.phases)):
             check_data_fits_model(cfg, self.data.for_phase(index).manifest, index, self.phase_models[index])
         held_out = validation_path(cfg, self.manifest)
         self.validator = None if held_out is None else Validator(
-            cfg, held_out, self.manifest.tokenizer, state.dp_rank, state.dp_size, state.device, **_padding(cfg))
+            cfg, held_out, self.manifest.tokenizer, state.dp_rank, state.dp_size, state.device, **padding(cfg))
         self.validations: list[dict] = []  # every evaluation so far (in checkpoints: the model card reports them)
         self.seq = self.manifest.seq_length  # the first phase's rows (the train state's data identity)
         cfg.num_microbatches(state.dp_size)  # validates the batch split (and the interleaved schedule's)
@@ -228,12 +126,7 @@ class _Run:
         cfg = self.cfg
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint.resume else None
         if latest is not None:
-            saved_cfg = ckpt.read_json(latest, ckpt.RUN_CONFIG)
-            saved_state = ckpt.read_json(latest, ckpt.TRAIN_STATE)
-            check_resume_compatible(saved_cfg, saved_state, cfg.to_dict(), cfg.checkpoint.allow_resume_changes,
-                                    self.manifest, str(latest))
-            last_step = min(saved_state["iteration"], cfg.total_steps) - 1  # the checkpoint's last trained step
-            check_rope_in_force(saved_state, self.phase_models[cfg.phase_at(last_step)], str(latest))
+            check_resume_from(cfg, latest, self.manifest)
             self._continue_from(ckpt.load_full_state(latest, self.ddp, self.optimizer, self.scheduler))
             self._info(f"resumed {latest} at step {self.iteration} ({self.consumed_tokens} tokens)")
         elif cfg.checkpoint.branch_from:
@@ -296,8 +189,8 @@ class _Run:
         stop = StopRequest()
         if self.rank0:
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-            _rewind_metrics(Path(cfg.run_dir) / "metrics.jsonl", self.iteration)
-        peak = _peak_tflops(cfg)
+            rewind_metrics(Path(cfg.run_dir) / "metrics.jsonl", self.iteration)
+        peak = step_flops.peak_tflops(cfg)
         logger = MetricsLogger(cfg.tensorboard_dir if cfg.logging.tensorboard else None, cfg.logging.log_interval,
                                self.rank0, redact_tree(cfg.to_dict()), [p.name for p in cfg.phases],
                                metrics_file=Path(cfg.run_dir) / "metrics.jsonl", mfu=peak is not None,
@@ -317,7 +210,7 @@ class _Run:
                 if phase_index != current:
                     objective = self._enter_phase(phase_index, current, logger)
                     seq = self.data.seq_length(phase_index)
-                    flops_per_step = _flops_per_step(cfg, seq, phase.objective)
+                    flops_per_step = step_flops.flops_per_step(cfg, seq, phase.objective)
                     current = phase_index
                 host = self.step_batches.get(self.iteration)  # built on the host while the last step ran
                 batches, predicted, documents = host.to(self.state.device)
@@ -330,7 +223,7 @@ class _Run:
                 lengths = host.lengths  # random-length samples: the real tokens
                 step_tokens = cfg.global_batch_size * seq if lengths is None else int(lengths.sum())
                 if lengths is not None:
-                    flops_per_step = _flops_per_step(cfg, seq, phase.objective, lengths)
+                    flops_per_step = step_flops.flops_per_step(cfg, seq, phase.objective, lengths)
                 self.consumed_tokens += step_tokens
                 phase_end = self.iteration == bounds[phase_index][1]
                 held_out = self._validate(phase_end, objective.causal, logger)
@@ -417,20 +310,3 @@ def _mask_rate_text(objective) -> str:
     if objective.mask_schedule == "constant":
         return f"{objective.mask_ratio}"
     return f"{objective.mask_ratio} → {objective.mask_ratio_end} ({objective.mask_schedule} over the phase)"
-
-
-def _rewind_metrics(path: Path, step: int) -> None:
-    """Drop the rows after `step` (the resumed checkpoint) that a crashed attempt logged: one row per step."""
-    if not path.exists():
-        return
-    rows = path.read_text().splitlines(keepends=True)
-    kept = [row for row in rows if _row_step(row) is not None and _row_step(row) <= step]
-    if len(kept) != len(rows):
-        write_atomic(path, "".join(kept))
-
-
-def _row_step(row: str) -> int | None:
-    try:
-        return int(json.loads(row)["step"])
-    except (ValueError, KeyError, TypeError):  # a line torn by the crash, or not ours
-        return None

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 from mlmclm.data.manifest import Manifest
 from mlmclm.model.config import ModelConfig
-from mlmclm.train.config import PHASE_MODEL_FIELDS
+from mlmclm.train import checkpoint as ckpt
+from mlmclm.train.config import PHASE_MODEL_FIELDS, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,11 @@ def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict,
                             manifest: Manifest, where: str) -> None:
     """Raise `IncompatibleCheckpointError` naming the first change that would make the resume inexact."""
     check_same_data_identity(saved_state, manifest, where)
+    check_same_settings(saved_config, config, allowed, where)
+
+
+def check_same_settings(saved_config: dict, config: dict, allowed: list[str], where: str) -> None:
+    """Every setting that shapes the run's numbers is the checkpoint's, or changed by `allowed`."""
     for field, (old, new) in changed_fields(saved_config, config).items():
         if _covered(field, FREE_ON_RESUME):
             continue
@@ -108,3 +115,18 @@ def check_same_data_identity(saved_state: dict, manifest: Manifest, where: str) 
         raise IncompatibleCheckpointError(
             f"{where}: seq_length is {saved_state.get('seq_length')} in the checkpoint but {manifest.seq_length} "
             f"in the data")
+
+
+def check_resume_from(cfg: TrainConfig, checkpoint: Path, manifest: Manifest | None) -> dict:
+    """Everything a resume of `cfg` from `checkpoint` checks before loading a tensor: its data identity (against
+    `manifest`; None where the data cannot be read from here, as for a launcher before a remote run), its settings
+    and the RoPE θ and context in force at its step. The same checks guard a resume and a finished run's re-launch
+    (recipes.launch): a changed setting is refused, never ignored. Returns the checkpoint's train state."""
+    saved_config = ckpt.read_json(checkpoint, ckpt.RUN_CONFIG)
+    saved_state = ckpt.read_json(checkpoint, ckpt.TRAIN_STATE)
+    if manifest is not None:
+        check_same_data_identity(saved_state, manifest, str(checkpoint))
+    check_same_settings(saved_config, cfg.to_dict(), cfg.checkpoint.allow_resume_changes, str(checkpoint))
+    last_step = min(saved_state["iteration"], cfg.total_steps) - 1  # the checkpoint's last trained step
+    check_rope_in_force(saved_state, cfg.phase_models()[cfg.phase_at(last_step)], str(checkpoint))
+    return saved_state

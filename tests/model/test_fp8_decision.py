@@ -203,7 +203,7 @@ def test_random_length_padding_follows_megatrons_fp8_alignment(tmp_path, recipe,
     from mlmclm.objectives import ObjectiveConfig
     from mlmclm.parallel import ParallelConfig
     from mlmclm.train.config import DataConfig, PhaseConfig, TrainConfig
-    from mlmclm.train.pretrain import _padding
+    from mlmclm.train.phase_data import padding as _padding
 
     precision = PrecisionConfig(fp8="hybrid", fp8_recipe=recipe)
     assert fp8_token_alignment(precision) == (32 if recipe == "mxfp8" else 16)

@@ -53,7 +53,7 @@ def test_te_2_17_writes_stateless_recipes_and_the_guard_vets_them(te, recipe):
     goes through `safe_extra_state` and back into a module; TE >= 2.18's rule ignores it (no opt-in asked)."""
     from transformer_engine.pytorch.module.base import FP8ExtraState
 
-    from mlmclm.train.checkpoint_guard import safe_extra_state
+    from mlmclm.train.te_extra_state import safe_extra_state
 
     class Linear(FP8ExtraState, torch.nn.Linear):
         pass

@@ -35,17 +35,3 @@ def test_tiny_clm_mlm_runs_with_the_local_executor(uninterrupted_tiny_run):
     # NeMo-Run kept the torchrun logs of both ranks.
     assert len({p.parent.name for p in uninterrupted_tiny_run.nemo_home.rglob("attempt_0/*/stderr.log")}) == 2
 
-
-def test_a_failed_task_prints_its_own_error(nemo_home, tmp_path, capsys):
-    """The task fails inside torchrun (an unreadable manifest); the launcher's console names the task's own error."""
-    broken = tmp_path / "broken_data"
-    broken.mkdir()
-    (broken / "manifest.json").write_text("{not json")
-    from recipes.__main__ import main
-
-    rc = main(["tiny_clm_mlm", "steps=4", "processes=1", f"data_path={broken}", f"run_dir={tmp_path / 'run'}",
-               "executor.gpus=false"])
-    err = capsys.readouterr().err
-    assert rc == 1
-    assert "task tiny_clm_mlm: FAILED" in err
-    assert f"cannot read dataset manifest {broken / 'manifest.json'}" in err

@@ -15,7 +15,8 @@ import train_scenarios as sc
 from hostile_checkpoints import CreatesFile, copy_checkpoint, plant_in_byte_item, plant_in_metadata
 from mlmclm.parallel.launch import spawn
 from mlmclm.train import checkpoint_guard
-from mlmclm.train.checkpoint_guard import UnsafeCheckpointError, safe_extra_state
+from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
+from mlmclm.train.te_extra_state import safe_extra_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,7 +163,7 @@ def test_te_2_18s_opt_in_is_opened_only_for_vetted_extra_state(tmp_path):
 
     from tests.stand_ins import transformer_engine_stand_in
 
-    from mlmclm.train.checkpoint_guard import load_vetted_state
+    from mlmclm.train.te_extra_state import load_vetted_state
 
     with transformer_engine_stand_in.on_path():
         from transformer_engine.pytorch.module.base import FP8ExtraState

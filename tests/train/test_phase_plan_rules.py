@@ -100,7 +100,7 @@ def test_a_branch_whose_earlier_phases_read_other_data_is_refused(tmp_path):
 
 def test_a_raised_context_longer_than_the_phases_samples_is_refused(tmp_path):
     from mlmclm.data.manifest import Manifest
-    from mlmclm.train.pretrain import check_data_fits_model
+    from mlmclm.train.data_fit import check_data_fits_model
 
     manifest = Manifest.__new__(Manifest)
     from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity

@@ -12,7 +12,7 @@ from mlmclm.data.manifest import Manifest
 from mlmclm.parallel.torchrun import preempted
 from mlmclm.train import run_lock
 from mlmclm.train.config import TrainConfig
-from mlmclm.train.pretrain import _rewind_metrics
+from mlmclm.train.logger import rewind_metrics as _rewind_metrics
 from mlmclm.train.resume_check import IncompatibleCheckpointError, check_resume_compatible
 
 import train_scenarios as sc
