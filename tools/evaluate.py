@@ -4,6 +4,8 @@
   python tools/evaluate.py grid --suite paper --list [--data-root data/paper]  # sources, splits, budgets, steps
   python tools/evaluate.py grid --model CLM=out/clm_hf --data-root data/paper --output eval/clm   # the paper suite
   python tools/evaluate.py grid --model CLM=out/clm_hf --smoke --output eval/clm      # the smoke budget (smoke.py)
+  python tools/evaluate.py grid --model CLM=out/clm_hf --data-root data/paper --task msmarco --output eval/clm \
+      --keep-retriever out/retrievers     # + out/retrievers/CLM/msmarco: SentenceTransformer(...) loads it
   python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm
   python tools/evaluate.py curve --run-dir runs/clm --smoke --lrs 1e-4 --seeds 0 --output eval/clm_curve
   python tools/evaluate.py summary --output eval/clm            # rebuild summary.md from the run JSONs
@@ -31,6 +33,7 @@ from mlmclm.eval.finetune.suite_plan import describe_suite
 from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.reports.summary import write_summary
+from mlmclm.export.retriever import check_kept_outputs, keep_retrievers
 from mlmclm.train.checkpoint import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                               f"for more epochs (default {CUSTOM_MIN_STEPS}; 0: none; never past --max-steps)")
         sub.add_argument("--batch-size", type=int, help=f"default 32; --smoke alone: {SMOKE_BATCH_SIZE}")
     grid.add_argument("--model", action="append", metavar="LABEL=HF_MODEL_DIR")
+    grid.add_argument("--keep-retriever", type=Path, metavar="DIR",
+                      help="keep each model's fine-tuned retriever (the selected LR's best seed, trained again) as "
+                           "a sentence-transformers directory DIR/LABEL/TASK (never overwritten)")
     grid.add_argument("--list", action="store_true",
                       help="print each paper task's source, splits and budget and the steps per model; no download")
     curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")
@@ -168,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "grid":
             if not args.model or args.output is None:
                 raise ValueError("grid needs --model LABEL=HF_MODEL_DIR and --output DIR (or --list)")
-            records = run_grid(_models(args.model), _tasks(args), args.output, _protocol(args))
+            models, tasks, protocol = _models(args.model), _tasks(args), _protocol(args)
+            if args.keep_retriever is not None:
+                check_kept_outputs(args.keep_retriever, models, tasks)  # refused before hours of fine-tuning
+            records = run_grid(models, tasks, args.output, protocol)
             _print_summary(write_summary(records, args.output))
+            if args.keep_retriever is not None:
+                for line in keep_retrievers(records, models, tasks, protocol, args.keep_retriever):
+                    print(line)
         elif args.command == "curve":
             print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
         else:
@@ -177,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             if not records:
                 raise FileNotFoundError(f"{args.output}: no run JSONs under runs/")
             _print_summary(write_summary(records, args.output))
-    except (ValueError, FileNotFoundError, TaskDataError, ImportError, CheckpointError, CheckpointReadError,
-            UnsafeCheckpointError, FetchError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, TaskDataError, ImportError, CheckpointError,
+            CheckpointReadError, UnsafeCheckpointError, FetchError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -17,6 +17,7 @@ from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
 from mlmclm.convert.hf_config import eurobert_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
 from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, verify_export
+from mlmclm.export.sentence_transformers import SentenceTransformerLayout, write_sentence_transformer_files
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
@@ -38,6 +39,8 @@ class ExportConfig:
     verify_length: int = DEFAULT_VERIFY_LENGTH  # tokens per sequence --verify compares (at most max positions)
     max_shard_bytes: int = 5 * 2**30  # HF's default shard size
     progress: bool = True
+    # also write the sentence-transformers files (mlmclm/export/sentence_transformers.py) into the output
+    sentence_transformers: SentenceTransformerLayout | None = None
 
     def __post_init__(self):
         self.checkpoint, self.output = Path(self.checkpoint), Path(self.output)
@@ -264,7 +267,11 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
         files = writer.close()
         eurobert_config(model, identity, cfg.dtype).save_pretrained(str(staging))
         mask_absorbs_space(tok)
+        if cfg.sentence_transformers is not None and tok.pad_token is None:
+            tok.pad_token = tok.eos_token  # sentence-transformers pads; our evaluation pads with the EOS so too
         tok.save_pretrained(str(staging))
+        if cfg.sentence_transformers is not None:
+            write_sentence_transformer_files(staging, cfg.sentence_transformers)
         (staging / "README.md").write_text(model_card(source, tok_name, cfg.dtype))
         diff = None
         if cfg.verify:

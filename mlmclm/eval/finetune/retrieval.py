@@ -75,7 +75,9 @@ def shared_corpus(data: TaskData, name: str) -> bool:
 
 
 def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
-                  eval_splits: tuple[str, ...] = ("validation", "test")) -> RunOutcome:
+                  eval_splits: tuple[str, ...] = ("validation", "test"), on_trained=None) -> RunOutcome:
+    """`on_trained(encoder, tokenizer)`, when given, receives the fine-tuned encoder (its `AutoModel`) and the
+    tokenizer the evaluation embeds with, before scoring (mlmclm/export/retriever.py keeps them)."""
     encodeval = data.spec.rules == "encodeval"
     tokenizer = encodeval_tokenizer(model_dir) if encodeval else load_tokenizer(model_dir)
     seed_everything(config.seed)
@@ -107,6 +109,8 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
         return info_nce_loss(q, p, TEMPERATURE)
 
     log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
+    if on_trained is not None:
+        on_trained(model.encoder, tokenizer)
 
     def score(rows, ids, texts, relevant):
         doc_vectors = _embed(model, tokenizer, [document + p for p in texts], eval_length, config.eval_batch_size,

@@ -1,0 +1,45 @@
+"""`tools/convert_to_hf.py … --sentence-transformers`: the export is also a sentence-transformers model that the real
+library loads without code of ours or remote code, embedding as our retrieval evaluation's mean-pooled tower does."""
+import shutil
+
+import pytest
+import torch
+from convert_fixtures import assert_untouched, make_random_eurobert, make_tokenizer, read_json, tool_main
+
+from mlmclm.convert.from_hf import ImportConfig, convert_from_hf
+from mlmclm.eval.finetune.heads import MeanPoolingEncoder
+from mlmclm.eval.finetune.retrieval import _embed
+from mlmclm.eval.finetune.training import load_tokenizer
+
+sentence_transformers = pytest.importorskip("sentence_transformers")  # the `test` extra
+
+
+def test_convert_to_hf_writes_a_sentence_transformer(tmp_path, capsys):
+    source = make_random_eurobert(tmp_path / "hf")
+    shutil.copytree(make_tokenizer(tmp_path / "tok"), source, dirs_exist_ok=True)
+    run = tmp_path / "run"
+    convert_from_hf(ImportConfig(str(source), run, progress=False))
+    out = tmp_path / "st"
+    convert = tool_main("convert_to_hf")
+    assert convert([str(run), str(out), "--sentence-transformers", "--query-prompt", "search_query: ",
+                    "--max-seq-length", "6"]) == 0
+    assert read_json(out / "config_sentence_transformers.json")["prompts"] == {"query": "search_query: ",
+                                                                             "document": "Document: "}
+    model = sentence_transformers.SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
+    assert model.max_seq_length == 6
+    texts = ["the cat sat on the mat", "a red dog ran fast", "hello"]
+    tower, tokenizer = MeanPoolingEncoder(out).eval(), load_tokenizer(out)
+    torch.testing.assert_close(model.encode_query(texts, convert_to_tensor=True),
+                               _embed(tower, tokenizer, ["search_query: " + t for t in texts], 6, 8), atol=1e-5,
+                               rtol=0)
+    torch.testing.assert_close(model.encode_document(texts, convert_to_tensor=True),
+                               _embed(tower, tokenizer, ["Document: " + t for t in texts], 6, 8), atol=1e-5, rtol=0)
+
+    # a length past the model's positions: one line, nothing written
+    capsys.readouterr()
+    assert convert([str(run), str(tmp_path / "bad"), "--sentence-transformers", "--max-seq-length", "4096"]) == 2
+    assert "max_seq_length 4096 exceeds the model's max_position_embeddings" in capsys.readouterr().err
+    assert_untouched(tmp_path / "bad")
+    # prompts without --sentence-transformers are refused rather than ignored
+    assert convert([str(run), str(tmp_path / "bad"), "--query-prompt", "q: "]) == 2
+    assert "need --sentence-transformers" in capsys.readouterr().err
