@@ -143,7 +143,7 @@ def make_tiny_eurobert(directory: Path, seed: int = 0) -> Path:
         return directory
     if directory.exists() and any(directory.iterdir()):
         raise ValueError(f"{directory} is not empty and holds no model: refusing to write a tiny EuroBERT into it")
-    tokenizer = AutoTokenizer.from_pretrained(str(embedded_tokenizer_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded_tokenizer_dir()), trust_remote_code=False)
     torch.manual_seed(seed)
     config = EuroBertConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, intermediate_size=256, max_position_embeddings=1024,
