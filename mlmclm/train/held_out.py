@@ -10,13 +10,12 @@ from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.model import build_model
-from mlmclm.model.precision import fp8_token_alignment
 from mlmclm.parallel import destroy_parallel, init_parallel
 from mlmclm.parallel.launch import spawn
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.optim import wrap_ddp
-from mlmclm.train.phase_data import PhaseLoaders
+from mlmclm.train.phase_data import PhaseLoaders, padding
 from mlmclm.train.resume_check import check_same_shape
 from mlmclm.train.validation import Validator, validation_path
 
@@ -26,10 +25,9 @@ def held_out_losses(cfg: TrainConfig, checkpoint: str) -> dict[str, float]:
     `checkpoint` (a run directory or an iter_* directory), as {"val/clm/loss": ..., "val/mlm/loss": ..., ...}."""
     state = init_parallel(cfg.parallel, seed=cfg.seed)
     try:
-        # as the trainer pads random-length micro-batches (pretrain.py `_padding`): the same batches, the same loss
-        padding = {"pad_multiple": fp8_token_alignment(cfg.precision) * cfg.parallel.tensor_parallel,
-                   "same_length": cfg.parallel.pipeline_parallel > 1}
-        loaders = PhaseLoaders(cfg, state.dp_rank, state.dp_size, **padding)
+        # padded as the trainer pads random-length micro-batches: the same batches, the same loss
+        padding_args = padding(cfg)
+        loaders = PhaseLoaders(cfg, state.dp_rank, state.dp_size, **padding_args)
         try:
             manifest = loaders.manifest
         finally:
@@ -38,7 +36,7 @@ def held_out_losses(cfg: TrainConfig, checkpoint: str) -> dict[str, float]:
         if path is None:
             raise ValueError(f"{cfg.data.path}: no validation split (prepare the data with --validation-every K, or "
                              f"set validation.path): there is no held-out loss to measure")
-        validator = Validator(cfg, path, manifest.tokenizer, state.dp_rank, state.dp_size, state.device, **padding)
+        validator = Validator(cfg, path, manifest.tokenizer, state.dp_rank, state.dp_size, state.device, **padding_args)
         source = ckpt.resolve_checkpoint(checkpoint)
         check_same_shape(ckpt.read_json(source, ckpt.RUN_CONFIG)["model"], cfg.model, str(source))
         chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=False, use_te=cfg.use_te,
