@@ -30,16 +30,19 @@ def unfinished(tasks: list[tuple[str, run.Partial]], console) -> list[tuple[str,
     return left
 
 
-def check_finished_run_unchanged(partial: run.Partial) -> None:
+def check_finished_run_unchanged(partial: run.Partial, host_dir: Path | None = None) -> None:
     """A finished run counts as finished for this config only if a resume would accept it: the resume's own checks
     (mlmclm.train.resume_check), so a setting changed since (`seed=99`) is refused naming it, never ignored. The
-    data identity is checked where the data is a local dataset (a remote run's may not be visible from here)."""
+    data identity is checked where the data is a local dataset (a remote run's may not be visible from here).
+    `host_dir`: where this machine sees the run directory when that is not its configured path (a container's
+    /checkpoints mount, recipes.sweep_plan.host_run_dir)."""
     from mlmclm.train import checkpoint as ckpt
     from mlmclm.train.resume_check import check_resume_from
 
     cfg = validate(partial)
     try:
-        check_resume_from(cfg, ckpt.latest_checkpoint(cfg.checkpoint_dir), _local_manifest(cfg))
+        checkpoints = cfg.checkpoint_dir if host_dir is None else Path(host_dir) / "checkpoints"
+        check_resume_from(cfg, ckpt.latest_checkpoint(checkpoints), _local_manifest(cfg))
     except ckpt.CheckpointError as err:  # an unreadable checkpoint: a refusal like any bad input
         raise ValueError(str(err)) from None
 

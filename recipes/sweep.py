@@ -6,7 +6,8 @@
     python -m recipes.sweep tiny --run-root runs/grid --data-path runs/demo_data   # CPU, scaled down
 
 The plan lists every run (steps per phase, tokens, GPU-hours from `mlmclm.flops` at a stated MFU) and its state.
-Finished runs (latest checkpoint = total steps) are skipped; unfinished ones are launched again and resume from
+Finished runs (latest checkpoint = total steps) are skipped once the checks a resume makes accept this config (a
+changed setting, `seed=99`, is refused naming it, never ignored); unfinished ones are launched again and resume from
 their run directory. A run that continues another's decayed checkpoint (`after`) depends on it: on Slurm through
 an `afterok` dependency, locally by running after it. A branch (`branch_of`, mlmclm.train.branch) starts from its
 parent's checkpoint at the branch step with the parent's full state: the parent keeps those checkpoints
@@ -25,6 +26,7 @@ import warnings
 from mlmclm.config_io import parse_value
 from recipes import grid as grids
 from recipes import launch
+from recipes.finished_runs import check_finished_run_unchanged
 from recipes.interrupt import INTERRUPTED_EXIT_CODE
 # the plan and the jobs of a launch, by the names tests and recipes.mini use from here
 from recipes.sweep_jobs import Job, dependency_lines, launch_jobs, launch_plan, segment_name  # noqa: F401
@@ -60,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="for the GPU-hours estimate")
     parser.add_argument("--name", help="experiment title (default: sweep-GRID)")
     args = parser.parse_intermixed_args(argv)
+    # `--only` takes every word after it: a key=value there is an override the user wrote after the patterns (a run
+    # name never holds "="), never a pattern to match and drop
+    if args.only is not None:
+        args.overrides += [item for item in args.only if "=" in item]
+        args.only = [item for item in args.only if "=" not in item]
+        if not args.only:
+            parser.error("--only needs at least one run name or pattern")
     try:
         params, executor = _split_items(args.overrides)
         checkpoint_dir = executor.get("checkpoint_dir")
@@ -74,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan:
             return 0
         runs = to_launch(planned, everything)
+        for finished in (p for p in planned if p.finished):  # skipped only if a resume would accept this config
+            check_finished_run_unchanged(finished.partial, finished.host_dir)
         if not runs:
             print("nothing to launch: every selected run has finished")
             return 0

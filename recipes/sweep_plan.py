@@ -190,10 +190,10 @@ def select(planned: list[PlannedRun], only: list[str] | None) -> list[PlannedRun
     """The runs whose names match one of the `only` shell patterns (all when None)."""
     if not only:
         return planned
-    chosen = [p for p in planned if any(fnmatch.fnmatchcase(p.entry.name, pattern) for pattern in only)]
-    if not chosen:
-        raise ValueError(f"--only {only} matches no run of the grid")
-    return chosen
+    unmatched = [pattern for pattern in only if not any(fnmatch.fnmatchcase(p.entry.name, pattern) for p in planned)]
+    if unmatched:  # a mistyped name among others would otherwise drop its run without a word
+        raise ValueError(f"--only {' '.join(unmatched)}: matches no run of the grid (its runs: `--plan`)")
+    return [p for p in planned if any(fnmatch.fnmatchcase(p.entry.name, pattern) for pattern in only)]
 
 
 def to_launch(planned: list[PlannedRun], all_runs: list[PlannedRun] | None = None) -> list[PlannedRun]:

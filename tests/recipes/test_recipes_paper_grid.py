@@ -95,6 +95,8 @@ def test_plan_states_costs_and_parents(tmp_path):
         sweep.to_launch(sweep.select(everything, ["610m-clm-40k-mlm20-42k"]), everything)
     with pytest.raises(ValueError, match="matches no run"):
         sweep.select(everything, ["7b-*"])
+    with pytest.raises(ValueError, match="--only 610m-clm-42 7b-x: matches no run"):  # a typo beside real names
+        sweep.select(everything, ["610m-clm-42k", "610m-clm-42", "7b-x"])
     # container paths are checked through the executor's checkpoint_dir mount
     assert sweep.host_run_dir("/checkpoints/mlmclm/x", "/lustre/ckpt") == Path("/lustre/ckpt/mlmclm/x")
     assert sweep.host_run_dir("/checkpoints/mlmclm/x", None) is None
@@ -177,8 +179,21 @@ def test_slurm_branches_depend_on_the_segment_that_writes_their_checkpoint(nemo_
     assert stops[chain[1]] == 6000 and stops["610m-clm-42k"] is None
 
 
-def test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs(nemo_home, tmp_path, tiny_data,
-                                                                            capsys):
+def test_overrides_written_after_only_patterns_are_overrides_not_patterns(tmp_path, capsys):
+    """`--only` takes every following word: `--only 610m-* nodes=12` must still set nodes (recipes/README.md's own
+    example), and an override no recipe takes is refused, not matched as a run name and dropped."""
+    root = ["--run-root", str(tmp_path)]
+    assert sweep.main(["paper", "--plan", *root, "--only", "610m-clm-42k", "bogus=1"]) == 2
+    assert "parameter(s) ['bogus'] are taken by no recipe" in capsys.readouterr().err
+    assert sweep.main(["paper", "--plan", *root, "--only", "610m-clm-42k", "nodes=12"]) == 0
+    assert "dp96" in capsys.readouterr().out   # 12 nodes x 8 GPUs, pure data parallel
+    with pytest.raises(SystemExit):
+        sweep.main(["paper", "--plan", *root, "--only", "nodes=12"])
+    assert "--only needs at least one run name or pattern" in capsys.readouterr().err
+
+
+def test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs_unless_changed(
+        nemo_home, tmp_path, tiny_data, capsys):
     root = tmp_path / "grid"
     args = ["tiny", "--run-root", str(root), "--data-path", tiny_data, "--only", "tiny-clm-4", "tiny-clm-dec*",
             "tiny-clm-2-mlm40-4", "executor.gpus=false"]
@@ -202,3 +217,10 @@ def test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs(nemo
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
     assert "nothing to launch" in out and out.count("finished") >= 3
+    # ... and with a setting changed since they finished: refused naming it, not skipped as finished
+    experiments = sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir())
+    assert sweep.main([*args, "seed=99"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and "seed is " in err and "but 99 here" in err, err
+    assert str(clm / "checkpoints") in err and "nothing to launch" not in out, (out, err)
+    assert sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir()) == experiments  # nothing was launched
