@@ -7,6 +7,7 @@
     python -m recipes clm_610m total_steps=31500 --then cpt_610m then.steps=10500 --executor slurm
     python -m recipes grid paper --plan          # the paper's 38 runs (= python -m recipes.sweep paper --plan)
     python -m recipes grid mini                  # the mini-replication on CPU, end to end (recipes/mini.py)
+    python -m recipes detour tiny --root runs/detour  # domain adaptation: the CLM detour and its control
 
 Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainConfig paths (`optimizer.lr=3e-4`);
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
@@ -47,6 +48,15 @@ def parse_args(argv: list[str] | None):
     return parser, parser.parse_intermixed_args(argv)
 
 
+# Families: several tasks from one command, with their own arguments (`python -m recipes FAMILY ... --help`).
+FAMILIES = (
+    ("grid paper|tiny", "the paper's 38 runs, or their CPU twin: plan, then launch every run (recipes/sweep.py)"),
+    ("grid mini", "the mini-replication on CPU: grid, exports, evaluation and report (recipes/mini.py)"),
+    ("detour eurobert|tiny|report", "domain adaptation of a HF EuroBERT: import, CLM detour then MLM decay, and "
+                                    "its MLM-only control, with the held-out table (recipes/detour_run.py)"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet.install()
     argv = sys.argv[1:] if argv is None else argv
@@ -58,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         from recipes import sweep
 
         return sweep.main(argv[1:])
+    if argv[:1] == ["detour"]:  # `python -m recipes detour tiny|eurobert|report ...` (recipes/detour_run.py)
+        from recipes import detour_run
+
+        return detour_run.main(argv[1:])
     parser, args = parse_args(argv)
     from recipes import launch, registry
     from cluster.executors import settings
@@ -72,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for recipe in registry.RECIPES.values():
             print(f"{recipe.name:<16} {recipe.summary}")
+        print("\nFamilies (several tasks from one command; `python -m recipes FAMILY --help`):")
+        for command, summary in FAMILIES:
+            print(f"  {command:<28} {summary}")
         print(f"\nSlurm settings (environment variables):\n{settings()}")
         return 0
     if not args.recipe:

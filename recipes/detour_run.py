@@ -112,7 +112,8 @@ def export_both(plan: detour.DetourPlan) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipes detour", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("family", choices=("tiny", "eurobert", "report"))
     parser.add_argument("--root", type=Path, required=True, help="folder of the import, runs, exports and table")
     parser.add_argument("--source", help="HF EuroBERT: hub name or local directory (tiny: default a new tiny one)")

@@ -64,6 +64,17 @@ def test_detour_refusals_are_one_line(tmp_path, capsys):
     assert "'stepz=3': expected key=value with key one of" in capsys.readouterr().err
 
 
+def test_the_family_is_listed_and_runs_from_python_m_recipes(tmp_path, capsys):
+    from recipes.__main__ import main
+
+    assert main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "detour eurobert|tiny|report" in listed and "recipes/detour_run.py" in listed, listed
+    # `python -m recipes detour ...` is recipes.detour_run, with its arguments and its one-line refusals
+    assert main(["detour", "eurobert", "--root", str(tmp_path / "r"), "--source", "EuroBERT/EuroBERT-210m"]) == 2
+    assert "eurobert needs --source and --data-path" in capsys.readouterr().err
+
+
 def test_the_twin_refuses_a_share_without_both_phases(tmp_path):
     from recipes import detour
 
