@@ -209,9 +209,11 @@ def slurm_executor(
 def requeue_policy(max_requeues: int) -> str:
     """Shell lines for the top of NeMo-Run's sbatch script. Its last lines run `scontrol requeue` on any non-zero
     exit while TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT; here that call decides instead: a run that stopped after
-    its preemption save (exit 75) is always requeued (it made progress and resumes where it stopped); any other
-    failure only while the job has been restarted fewer than `max_requeues` times (a crash or node failure resumes
-    from the last periodic checkpoint; a broken config fails again, and stops)."""
+    its preemption save (exit 75) is always requeued (it made progress and resumes where it stopped); a run whose
+    ranks refused their input (exit 2: an incompatible resume, a bad config, bad data — mlmclm.train.refusals, passed
+    on by mlmclm.parallel.torchrun) never is, since it would be refused again; any other failure only while the job
+    has been restarted fewer than `max_requeues` times (a crash or node failure resumes from the last periodic
+    checkpoint)."""
     return f"""# mlmclm requeue policy (cluster/executors.py requeue_policy)
 export TORCHX_MAX_RETRIES=1000000 MLMCLM_MAX_REQUEUES={max_requeues}
 scontrol() {{
@@ -219,6 +221,10 @@ scontrol() {{
     if [ "$1" = requeue ]; then
         if [ "$exitcode" = 75 ]; then
             echo "mlmclm: preempted after saving (exit 75): requeued, the run resumes from its checkpoint"
+        elif [ "$exitcode" = 2 ]; then
+            echo "mlmclm: refused its input (exit 2): not requeued, it would be refused again (the reason is" \\
+                "above and in the run's run_status.json)" >&2
+            return 0
         elif [ "$restarts" -lt "$MLMCLM_MAX_REQUEUES" ]; then
             echo "mlmclm: failed (exit $exitcode): requeued (restart $((restarts + 1)) of $MLMCLM_MAX_REQUEUES)"
         else

@@ -5,7 +5,7 @@ any test looks at them; each test then asserts on its own scenario.
 - training: one tiny CLM→MLM config twice — uninterrupted on the local executor (the reference), and on two Slurm
   nodes, preempted twice as Slurm delivers it (its time limit with the recipe's `--signal=USR1@N` lead, then
   `scancel --signal=USR1`) and requeued, launched as a user would and followed on its console to the end;
-- failure: a run whose every rank raises at start, requeued at most `max_requeues` times;
+- failure: a run whose every rank refuses its data at start: not requeued, whatever `max_requeues` allows;
 - sweep: the tiny grid at one rank a job, whose continued-pretraining and branch jobs wait for their parents through
   afterok.
 
