@@ -32,7 +32,7 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
     if os.environ.get("RANK", "0") == "0" and (note := quiet.kernels_note()):
         logging.getLogger("recipes").warning(note)
     from mlmclm.train.pretrain import pretrain
-    from mlmclm.train.refusals import REFUSAL_MARK, REFUSALS, REFUSED_EXIT_CODE
+    from mlmclm.train.refusals import REFUSAL_MARK, REFUSED_EXIT_CODE, is_refusal
 
     log = logging.getLogger("recipes")
     try:
@@ -40,7 +40,9 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
     except CheckpointWriteError as err:  # said in full, without a traceback; run_status.json: save_failed
         log.error("%s", err)
         raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
-    except REFUSALS as err:  # bad input, an incompatible resume: its message alone; run_status.json: refused
+    except Exception as err:  # bad input, an incompatible resume: its message alone; run_status.json: refused
+        if not is_refusal(err):
+            raise
         print(redact(REFUSAL_MARK + str(err)), file=sys.stderr, flush=True)
         raise SystemExit(REFUSED_EXIT_CODE) from None
     if result.status == "preempted":

@@ -29,11 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(redact(f"error: invalid training config: {err}"), file=sys.stderr)
         return 2
-    from mlmclm.train.refusals import REFUSALS, REFUSED_EXIT_CODE
+    from mlmclm.train.refusals import REFUSED_EXIT_CODE, is_refusal
 
     try:
         result = pretrain(cfg)
-    except REFUSALS as err:  # bad input, an incompatible resume, a busy folder: the message alone
+    except Exception as err:  # bad input, an incompatible resume, a busy folder: the message alone
+        if not is_refusal(err):
+            raise
         print(redact(f"error: {err}"), file=sys.stderr)
         return REFUSED_EXIT_CODE
     import os

@@ -90,6 +90,36 @@ def test_bad_data_is_a_refusal(nemo_home, tmp_path, capsys):
     assert status["status"] == "refused" and status["detail"] in err, (status, err)
 
 
+def test_a_run_directory_another_run_holds_is_refused_from_the_ranks_own_words(
+        uninterrupted_tiny_run, tmp_path, nemo_home, capsys):
+    """run_status.json belongs to the run holding the directory, so the launcher reads the refusal the rank printed
+    (mlmclm.train.refusals.REFUSAL_MARK in its log) and leaves the holder's status as it was."""
+    import os
+    import socket
+    import subprocess
+
+    from mlmclm.train.run_lock import LOCK_FILE
+
+    finished = uninterrupted_tiny_run
+    run_dir = _finished_copy(finished, tmp_path)
+    status_before = (run_dir / "run_status.json").read_text()
+    with subprocess.Popen(["sleep", "300"]) as holder:
+        try:
+            (run_dir / "checkpoints" / LOCK_FILE).write_text(json.dumps(
+                {"host": socket.gethostname(), "pid": holder.pid, "slurm_job": None}))
+            rc = main(_arguments(finished, run_dir, f"steps={finished.steps + 8}", "processes=1",
+                                 "checkpoint.allow_resume_changes=[total_steps,schedule]"))
+        finally:
+            holder.kill()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith(f"error: task tiny_clm_mlm refused: {run_dir / 'checkpoints'} is being written by another "
+                          f"run (host {socket.gethostname()}, pid {holder.pid}"), err
+    assert err.count("is being written by another run") == 1 and "Traceback" not in err, err
+    assert (run_dir / "run_status.json").read_text() == status_before  # the holder's, untouched
+    assert os.path.exists(run_dir / "checkpoints" / LOCK_FILE)  # not taken over while its holder lived
+
+
 def test_a_real_bug_still_shows_its_traceback(uninterrupted_tiny_run, tmp_path, nemo_home, capsys):
     """A train state without its iteration is read by nothing that expects it (a KeyError nobody raised on purpose):
     it stands for any unexpected exception, which is a failure shown with the rank's traceback."""
