@@ -83,3 +83,26 @@ def test_the_requeue_policy_never_requeues_a_refusal_and_requeues_a_crash_as_all
     assert not requeued and "failed (exit 1) after 3 restart(s): not requeued" in said, said
     requeued, said = _policy(tmp_path, exitcode=75, restarts=10)
     assert requeued and "preempted after saving" in said, said
+
+
+def test_the_images_torchrun_is_our_agent(tmp_path):
+    """cluster/Dockerfile replaces the image's `torchrun` (NeMo-Run's srun line calls it by name) with our agent: its
+    RUN line, run by sh against a PATH that holds a stand-in `torchrun` and this interpreter as `python`, leaves a
+    `torchrun` that passes a refusal on as 2. (No image is built here: the line itself is what runs.)"""
+    text = (Path(__file__).resolve().parents[2] / "cluster" / "Dockerfile").read_text()
+    joined = text.replace("\\\n", " ")
+    (line,) = [row for row in joined.splitlines() if row.startswith("RUN ") and "mlmclm.parallel.torchrun" in row]
+    bin_dir = tmp_path / "image_bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/bin/sh\nexit 99\n")  # the image's own, replaced
+    (bin_dir / "torchrun").chmod(0o755)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # the image's interpreter
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    subprocess.run(["sh", "-c", line.removeprefix("RUN ")], env=env, check=True, timeout=30)
+    script = tmp_path / "refuse.py"
+    script.write_text("import sys\nsys.exit(2)\n")
+    done = subprocess.run([str(bin_dir / "torchrun"), "--nproc-per-node", "2", "--standalone", "--monitor-interval",
+                           "0.2", str(script)], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "the ranks refused their input" in done.stderr, done.stderr[-3000:]
