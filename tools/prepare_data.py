@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-dtype", choices=["uint16", "int32"], help="default: uint16 when the vocabulary fits")
     p.add_argument("--validation-every", type=int, default=None, metavar="K",
                    help="hold out every K-th document as a validation split in OUTPUT/validation (1000: 0.1%%)")
+    p.add_argument("--max-document-chars", type=int, default=defaults.max_document_chars,
+                   help="refuse a longer document (a .txt file, a .jsonl line, a value) instead of holding it in "
+                        "memory (default: %(default)s)")
     p.add_argument("--no-require-mask-token", dest="require_mask_token", action="store_false",
                    help="allow a tokenizer without a mask token (CLM-only data)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 inputs=args.input, output_dir=args.output, tokenizer=args.tokenizer, seq_length=args.seq_length,
                 text_field=args.text_field, max_tokens=args.max_tokens, require_mask_token=args.require_mask_token,
                 dataset=args.dataset, dataset_config=args.dataset_config, split=args.split,
-                streaming=args.streaming, **common,
+                streaming=args.streaming, max_document_chars=args.max_document_chars, **common,
             ))
     except (PrepareError, ShardError) as err:
         print(redact(f"error: {err}"), file=sys.stderr)

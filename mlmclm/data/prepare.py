@@ -26,7 +26,8 @@ from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from mlmclm.data.packing import Packer
 from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
 from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
-from mlmclm.data.sources import PrepareError, chosen_split, expand_inputs, hf_documents, iter_documents
+from mlmclm.data.sources import (MAX_DOCUMENT_CHARS, PrepareError, chosen_split, expand_inputs, hf_documents,
+                                 iter_documents)
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
 from mlmclm.redact import redact, redact_tree
 
@@ -63,6 +64,8 @@ class PrepareConfig:
     # Hold out every K-th document (index % K == K - 1) as a validation split, prepared like the rest into
     # OUTPUT/validation/ and recorded in the manifest (mlmclm.train.validation evaluates on it). None: no split.
     validation_every: int | None = None
+    # A longer document is refused naming it (mlmclm.data.sources: reads of files from others are bounded).
+    max_document_chars: int = MAX_DOCUMENT_CHARS
 
     def __post_init__(self):
         if not 2 <= self.seq_length <= 65536:
@@ -81,6 +84,8 @@ class PrepareConfig:
         if self.validation_every is not None and self.validation_every < 2:
             raise PrepareError(f"validation_every must be >= 2 (every K-th document held out), got "
                                f"{self.validation_every}")
+        if self.max_document_chars < 1:
+            raise PrepareError(f"max_document_chars must be positive, got {self.max_document_chars}")
         if self.token_dtype not in (None, *TOKEN_DTYPES):
             raise PrepareError(f"token_dtype {self.token_dtype!r}: expected one of {sorted(TOKEN_DTYPES)}")
 
@@ -96,12 +101,13 @@ class PrepareConfig:
 def prepare(cfg: PrepareConfig) -> Manifest:
     wanted = cfg.wanted if cfg.partitioned else None
     if cfg.dataset is not None:
-        docs = hf_documents(cfg.dataset, cfg.dataset_config, cfg.split, cfg.streaming, cfg.text_field, wanted)
+        docs = hf_documents(cfg.dataset, cfg.dataset_config, cfg.split, cfg.streaming, cfg.text_field, wanted,
+                            cfg.max_document_chars)
         config = f":{cfg.dataset_config}" if cfg.dataset_config else ""
         inputs = [f"hf:{cfg.dataset}{config}[{chosen_split(cfg.dataset, cfg.split)}]"]
     else:
         files = expand_inputs(cfg.inputs)
-        docs = iter_documents(files, cfg.text_field, wanted)
+        docs = iter_documents(files, cfg.text_field, wanted, cfg.max_document_chars)
         inputs = [str(p) for p in files]
     return _prepare_with_validation(docs, cfg, inputs)
 

@@ -3,7 +3,12 @@
 Hugging Face dataset (hub name, `save_to_disk` directory, or a local directory `load_dataset` reads).
 
 Documents are numbered in input order (every record counts, also empty ones), so a partitioned preparation can
-choose its documents by number: `wanted(index)` false yields None in their place without parsing them."""
+choose its documents by number: `wanted(index)` false yields None in their place without parsing them.
+
+Reads are bounded: a document (a .txt file, a .jsonl line, a parquet or dataset value) longer than `max_chars` is
+refused naming it, before more than that is held in memory where the format allows (.txt and .jsonl, gzipped or
+not), and a gzipped parquet file decompresses to at most MAX_GZIP_PARQUET_BYTES: a file from others (a line without
+an end, a gzip bomb) cannot exhaust the machine's memory."""
 from __future__ import annotations
 
 import glob
@@ -16,6 +21,10 @@ from typing import Callable, Iterator
 from mlmclm.bounded_read import read_regular_json
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+# A document longer than this is refused (--max-document-chars): about 1 GB of text, far beyond any real document
+# (the longest Wikipedia articles hold about a million characters); a corpus in one .txt file should be split.
+MAX_DOCUMENT_CHARS = 1 << 30
+MAX_GZIP_PARQUET_BYTES = 4 << 30  # a .parquet.gz is decompressed in memory; larger: decompress it yourself
 
 
 class PrepareError(ValueError):
@@ -57,29 +66,44 @@ def _open_text(path: Path):
 Wanted = Callable[[int], bool] | None
 
 
-def iter_documents(files: list[Path], text_field: str = "text",
-                   wanted: Wanted = None) -> Iterator[tuple[int, str | None]]:
+def too_long(where: str, max_chars: int) -> PrepareError:
+    return PrepareError(f"{where}: a document longer than {max_chars:,} characters; refusing to hold it in memory "
+                        f"(a .txt file is one document: split a corpus into files or a .jsonl, or raise "
+                        f"--max-document-chars)")
+
+
+def iter_documents(files: list[Path], text_field: str = "text", wanted: Wanted = None,
+                   max_chars: int = MAX_DOCUMENT_CHARS) -> Iterator[tuple[int, str | None]]:
     """(document number, text) over all files; text is None for the documents `wanted` declines."""
     index = 0
     for path in files:
-        for text in read_documents(path, text_field, index, wanted):
+        for text in read_documents(path, text_field, index, wanted, max_chars):
             yield index, text
             index += 1
 
 
 def read_documents(path: Path, text_field: str = "text", first_index: int = 0,
-                   wanted: Wanted = None) -> Iterator[str | None]:
+                   wanted: Wanted = None, max_chars: int = MAX_DOCUMENT_CHARS) -> Iterator[str | None]:
     """The documents of one input file (None for those `wanted(first_index + i)` declines: not parsed). Errors
     name the file (and line or column)."""
     kind = _kind(path)
     index = first_index
     try:
         if kind == ".txt":
+            if wanted is not None and not wanted(index):
+                yield None
+                return
             with _open_text(path) as f:
-                yield f.read() if wanted is None or wanted(index) else None
+                text = f.read(max_chars + 1)
+            if len(text) > max_chars:
+                raise too_long(str(path), max_chars)
+            yield text
         elif kind == ".jsonl":
             with _open_text(path) as f:
-                for line_no, line in enumerate(f, 1):
+                # readline's limit: a line without an end is never read whole (a line is the record plus "\n")
+                for line_no, line in enumerate(iter(lambda: f.readline(max_chars + 2), ""), 1):
+                    if len(line.rstrip("\n")) > max_chars:
+                        raise too_long(f"{path}:{line_no}", max_chars)
                     if not line.strip():
                         continue
                     index += 1
@@ -99,7 +123,9 @@ def read_documents(path: Path, text_field: str = "text", first_index: int = 0,
                                            f"{type(record[text_field]).__name__}, not text")
                     yield record[text_field]
         elif kind == ".parquet":
-            for text in _parquet_documents(path, text_field):
+            for row, text in enumerate(_parquet_documents(path, text_field)):
+                if len(text) > max_chars:
+                    raise too_long(f"{path} row {row}", max_chars)
                 yield text if wanted is None or wanted(index) else None
                 index += 1
         else:
@@ -115,7 +141,7 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
     import pyarrow.parquet as pq
 
     try:
-        source = io.BytesIO(gzip.decompress(path.read_bytes())) if path.name.lower().endswith(".gz") else path
+        source = io.BytesIO(_gunzip_bounded(path)) if path.name.lower().endswith(".gz") else path
         table = pq.ParquetFile(source)
     except (pa.ArrowException, OSError) as err:
         raise PrepareError(f"cannot read {path}: {err}") from err
@@ -129,10 +155,21 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
         yield from (text or "" for text in batch.column(0).to_pylist())   # null: an empty document
 
 
+def _gunzip_bounded(path: Path, limit: int | None = None) -> bytes:
+    limit = MAX_GZIP_PARQUET_BYTES if limit is None else limit
+    with gzip.open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise PrepareError(f"{path}: decompresses to more than {limit:,} bytes; refusing to hold it in memory "
+                           f"(decompress it to a .parquet file and give that)")
+    return data
+
+
 # --- Hugging Face datasets --------------------------------------------------------------------------------------
 
 def hf_documents(name: str, config: str | None = None, split: str | None = None, streaming: bool = False,
-                 text_field: str = "text", wanted: Wanted = None) -> Iterator[tuple[int, str | None]]:
+                 text_field: str = "text", wanted: Wanted = None,
+                 max_chars: int = MAX_DOCUMENT_CHARS) -> Iterator[tuple[int, str | None]]:
     """(document number, text) of a Hugging Face dataset split, like `iter_documents`. `name` is a hub name, a
     directory written by `save_to_disk`, or a local directory of files `load_dataset` reads. `split` None: "train" of
     a hub dataset; the only split of a saved `DatasetDict` (one with several must be told which)."""
@@ -149,7 +186,7 @@ def hf_documents(name: str, config: str | None = None, split: str | None = None,
                 continue
             if text_field not in record:
                 raise PrepareError(f"{where} row {index}: no field {text_field!r} (found {sorted(record)})")
-            yield index, _text(record[text_field], where, index, text_field)
+            yield index, _text(record[text_field], where, index, text_field, max_chars)
         return
     texts = dataset.select_columns([text_field])
     step = 1024
@@ -159,14 +196,16 @@ def hf_documents(name: str, config: str | None = None, split: str | None = None,
             yield from ((i, None) for i in range(lo, hi))
             continue
         for i, text in enumerate(texts[lo:hi][text_field], lo):
-            yield i, _text(text, where, i, text_field) if wanted is None or wanted(i) else None
+            yield i, _text(text, where, i, text_field, max_chars) if wanted is None or wanted(i) else None
 
 
-def _text(value, where: str, index: int, text_field: str) -> str:
+def _text(value, where: str, index: int, text_field: str, max_chars: int = MAX_DOCUMENT_CHARS) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
         raise PrepareError(f"{where} row {index}: field {text_field!r} is {type(value).__name__}, not text")
+    if len(value) > max_chars:
+        raise too_long(f"{where} row {index}", max_chars)
     return value
 
 
