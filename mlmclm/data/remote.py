@@ -8,16 +8,22 @@ read only up to the bound: one byte more and the reader stops, kills the command
 endless producer to finish) and refuses, naming the location and the bound.
 
 The bounds: `MANIFEST_LIMIT` for a manifest (a fixed cap: 64 MiB is ~500,000 shards' entries), and for a shard
-`shard_limit` — what its manifest entry says it holds, plus a margin for the tar and .npy headers.
+`shard_limit` — what its manifest entry says it holds, plus a margin for the tar and .npy headers. In time: a
+producer that sends nothing for `STALL_S` (a server that accepts and stalls, a command that never writes) is killed
+and refused, well inside the collective timeout (30 min, mlmclm.parallel.runtime) the other ranks would wait out.
 """
 from __future__ import annotations
 
-from mlmclm.bounded_read import read_limited
+import os
+import select
+
+from mlmclm.bounded_read import FileRefusedError, read_limited
 
 MANIFEST_LIMIT = 64 * 1024 * 1024
 # Per stored block (at most one per row): two tar headers, their padding and two .npy headers.
 _BLOCK_OVERHEAD = 2 * (512 + 511 + 4096)
 _SHARD_SLACK = 1 << 20   # the tar's end-of-archive records and anything else fixed
+STALL_S = 180.0  # no byte for this long from a URL or command: stalled (curl's own connect timeout is 30 s)
 
 
 def shard_limit(num_samples: int, seq_length: int, token_bytes: int = 4) -> int:
@@ -34,12 +40,29 @@ def read_stream(location: str, limit: int, what: str) -> bytes:
 
     stream = gopen(location, "rb")
     try:
-        data = read_limited(stream, limit, location, what)
+        # a command's output (curl's for a URL) is read from its pipe as bytes arrive, each wait at most STALL_S
+        source = _Watched(stream.stream, location, what) if getattr(stream, "proc", None) is not None else stream
+        data = read_limited(source, limit, location, what)
     except BaseException:
         _abandon(stream)
         raise
     stream.close()   # waits for the command (it has ended: its output did) and raises on a failed exit status
     return data
+
+
+class _Watched:
+    """A producer's pipe, read straight from its descriptor (no buffer that could hold bytes `select` cannot see),
+    refusing when nothing arrives for STALL_S."""
+
+    def __init__(self, pipe, location: str, what: str):
+        self.fd, self.location, self.what = pipe.fileno(), location, what
+
+    def read(self, size: int) -> bytes:
+        ready, _, _ = select.select([self.fd], [], [], STALL_S)
+        if not ready:
+            raise FileRefusedError(f"{self.location}: refusing to wait longer for this {self.what}: nothing arrived "
+                                   f"for {STALL_S:.0f} s (the server or command has stalled)")
+        return os.read(self.fd, size)
 
 
 def _abandon(stream) -> None:

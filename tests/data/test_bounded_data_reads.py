@@ -139,3 +139,61 @@ def test_a_pipe_shard_is_bounded_the_same_way(dataset, tmp_path):
     (out / name).symlink_to("/dev/zero")   # cat follows it: an endless shard through the pipe
     with pytest.raises(ShardError, match=rf"{name}: refusing to read this shard: it holds more than"):
         PackedLoader(LoaderConfig(f"pipe:cat {out}/manifest.json", 16, 16, prefetch=False)).next_global_batch()
+
+
+def _serve_stalling(sent: bytes):
+    """A local http server that answers every GET with a header, `sent`, and then nothing, holding the connection."""
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(sent) + 1000))
+            self.end_headers()
+            self.wfile.write(sent)
+            self.wfile.flush()
+            release.wait(120)   # stalls until the test ends
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, release
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_stalls_is_refused_after_the_stall_bound(monkeypatch):
+    """Before, curl waited on a stalled server forever (webdataset's curl has a connect timeout, not a read one)
+    and the rank with it. Now the read gives up after STALL_S without a byte (here made 2 s), kills curl, and the
+    manifest is refused naming the URL and the stall."""
+    from mlmclm.data import remote
+
+    monkeypatch.setattr(remote, "STALL_S", 2.0)
+    server, release = _serve_stalling(b'{"format": ')
+    url = f"http://127.0.0.1:{server.server_address[1]}/manifest.json"
+    try:
+        start = time.monotonic()
+        with pytest.raises(ValueError, match=rf"{url}: refusing to wait longer for this dataset manifest: nothing "
+                                             rf"arrived for 2 s"):
+            Manifest.load(url)
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+        server.shutdown()
+    assert 2 <= elapsed < 20, elapsed
+
+
+@pytest.mark.timeout(60)
+def test_a_command_that_never_writes_is_refused_after_the_stall_bound(dataset, tmp_path, monkeypatch):
+    from mlmclm.data import remote
+
+    monkeypatch.setattr(remote, "STALL_S", 2.0)
+    out, _ = _copy(dataset, tmp_path)
+    name = _first_shard(out)
+    (out / name).unlink()
+    os.mkfifo(out / name)   # nobody writes it: `cat` of it waits forever
+    start = time.monotonic()
+    with pytest.raises(ShardError, match=rf"{name}: refusing to wait longer for this shard: nothing arrived for 2 s"):
+        PackedLoader(LoaderConfig(f"pipe:cat {out}/manifest.json", 16, 16, prefetch=False)).next_global_batch()
+    assert time.monotonic() - start < 20
