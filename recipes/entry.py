@@ -32,7 +32,7 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
     if os.environ.get("RANK", "0") == "0" and (note := quiet.kernels_note()):
         logging.getLogger("recipes").warning(note)
     from mlmclm.train.pretrain import pretrain
-    from mlmclm.train.refusals import REFUSAL_MARK, REFUSED_EXIT_CODE, is_refusal
+    from mlmclm.train.refusals import REFUSAL_MARK, REFUSED_EXIT_CODE, is_refusal, report_failure
 
     log = logging.getLogger("recipes")
     try:
@@ -41,8 +41,8 @@ def pretrain_entry(config: TrainConfig, nodes: int = 1, gpus_per_node: int = 1) 
         log.error("%s", err)
         raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
     except Exception as err:  # bad input, an incompatible resume: its message alone; run_status.json: refused
-        if not is_refusal(err):
-            raise
+        if not is_refusal(err):  # a failure: its traceback, credentials masked, is the report (run_status: failed)
+            raise SystemExit(report_failure(err)) from None
         print(redact(REFUSAL_MARK + str(err)), file=sys.stderr, flush=True)
         raise SystemExit(REFUSED_EXIT_CODE) from None
     if result.status == "preempted":

@@ -29,13 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(redact(f"error: invalid training config: {err}"), file=sys.stderr)
         return 2
-    from mlmclm.train.refusals import REFUSED_EXIT_CODE, is_refusal
+    from mlmclm.train.refusals import REFUSED_EXIT_CODE, is_refusal, report_failure
 
     try:
         result = pretrain(cfg)
     except Exception as err:  # bad input, an incompatible resume, a busy folder: the message alone
-        if not is_refusal(err):
-            raise
+        if not is_refusal(err):  # a failure: its traceback, credentials masked
+            return report_failure(err)
         print(redact(f"error: {err}"), file=sys.stderr)
         return REFUSED_EXIT_CODE
     import os

@@ -9,9 +9,12 @@ wrote for the user).
 """
 from __future__ import annotations
 
+import sys
+import traceback
 from pathlib import Path
 
 from mlmclm.parallel.torchrun import REFUSED_EXIT_CODE  # noqa: F401  (the exit code the agent passes on to Slurm)
+from mlmclm.redact import redact
 from mlmclm.train.checkpoint import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 from mlmclm.train.run_lock import RunLockedError
@@ -21,6 +24,7 @@ REFUSALS = (ValueError, CheckpointError, UnsafeCheckpointError, RunLockedError)
 # What a rank prints, on its own line, before exiting with REFUSED_EXIT_CODE: the launcher finds a refusal that
 # run_status.json cannot hold (a run directory another run holds is that run's to write) by this mark.
 REFUSAL_MARK = "mlmclm refused: "
+FAILED_EXIT_CODE = 1
 
 
 # The package whose own raise statements word refusals: the innermost frame of a refusal's traceback lies here.
@@ -39,3 +43,10 @@ def raised_by_us(err: BaseException) -> bool:
     while frame.tb_next is not None:
         frame = frame.tb_next
     return Path(frame.tb_frame.f_code.co_filename).resolve().is_relative_to(_OURS)
+
+
+def report_failure(err: BaseException, stream=None) -> int:
+    """Print a failure's traceback — the report of a bug — with any data location's credentials masked
+    (mlmclm.redact), as Python's own hook would print it but for that; returns the exit code a failed rank ends with."""
+    print(redact("".join(traceback.format_exception(err))), file=stream or sys.stderr, flush=True)
+    return FAILED_EXIT_CODE

@@ -28,3 +28,22 @@ def test_value_errors_raised_inside_torch_or_the_standard_library_are_failures()
     assert isinstance(from_torch, ValueError) and isinstance(from_json, ValueError)
     assert not is_refusal(from_torch) and not is_refusal(from_json)
     assert not is_refusal(_raised(lambda: {}["iteration"]))  # not a refusal type at all
+
+
+def test_a_failure_is_reported_with_its_traceback_and_no_credential():
+    """What a failed rank prints in place of Python's own hook (recipes.entry, python -m mlmclm.train): the whole
+    traceback, but a data location's secret masked, since the task's log is kept and shared."""
+    import io
+
+    from mlmclm.train.refusals import report_failure
+
+    def read_shard():
+        raise KeyError("https://alice:s3cr3t@data.example.org/shard-000001.tar")
+
+    out = io.StringIO()
+    code = report_failure(_raised(read_shard), out)
+    printed = out.getvalue()
+    assert code == 1
+    assert printed.startswith("Traceback (most recent call last):") and "in read_shard" in printed, printed
+    assert "KeyError: 'https://<redacted>@data.example.org/shard-000001.tar'" in printed, printed
+    assert "s3cr3t" not in printed
