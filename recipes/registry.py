@@ -13,6 +13,7 @@ import nemo_run as run
 from recipes import grid, paper, phase_plan, tiny
 from recipes.base import PAPER_RUN_ROOT, PAPER_SEQ_LENGTH, SIZES, tokens_per_sample, validate, world_size
 from recipes.entry import pretrain_entry
+from recipes.parameter_types import check_parameter_types
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Recipe:
         if unknown:
             raise ValueError(f"recipe {self.name}: unknown parameter(s) {sorted(unknown)}; "
                              f"known: {sorted(self.parameters())}")
+        check_parameter_types(self.name, self.builder, params)
         return self.builder(**self.fixed, **params)
 
 

@@ -37,10 +37,19 @@ def test_the_executor_is_sized_by_the_recipe():
     ("modle.hidden_size=3", "no config section named 'modle'"),
     ("total_steps", "not of the form key=value"),
     ("schedule.decay_steps=35000", "before the WSD decay"),  # 35k > the 31.5k MLM phase: checked after overrides
+    # a recipe parameter of the wrong type names itself, not the arithmetic it would break in the builder
+    ("total_steps=abc", "parameter total_steps='abc' is a str; it takes int"),
+    ("total_steps=true", "parameter total_steps=True is a bool; it takes int"),
+    ("clm_share=half", "parameter clm_share='half' is a str; it takes float"),
 ])
 def test_bad_overrides_are_rejected_clearly(item, message):
     with pytest.raises(ValueError, match=message):
         launch.build("clm_mlm_610m", [item])
+
+
+def test_recipe_parameters_of_the_right_type_pass():
+    cfg = validate(launch.build("tiny_clm_mlm", ["steps=12", "lr=1", "run_dir=/tmp/unused"])[0])
+    assert cfg.total_steps == 12 and cfg.optimizer.lr == 1   # an int is a fine value for a float parameter
 
 
 def test_slurm_needs_an_account(monkeypatch):
