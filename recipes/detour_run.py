@@ -24,6 +24,7 @@ from recipes import detour
 from recipes.base import validate
 from recipes.detour_report import write_report
 from recipes.launch import launch
+from recipes.parameter_types import check_parameter_types
 
 PLAN_FILE = "detour_plan.json"
 
@@ -55,6 +56,7 @@ def _builder_params(builder, items: list[str]) -> dict:
             raise ValueError(f"{item!r}: expected key=value with key one of "
                              f"{sorted(k for k in known if k not in ('source', 'data_path', 'root'))}")
         params[key] = parse_value(raw)
+    check_parameter_types(f"detour ({builder.__name__})", builder, params)
     return params
 
 
@@ -128,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             print(write_report(args.root, saved["clm_steps"], saved["total_steps"]), end="")
             return 0
         if args.family == "tiny":
+            params = _builder_params(detour.tiny_detour, args.params)  # before any model or data is made
             source = Path(args.source) if args.source else detour.make_tiny_eurobert(args.root / "tiny_eurobert")
             data = Path(args.data_path) if args.data_path else prepare_twin_data(args.root, args.text, source)
-            plan = detour.tiny_detour(str(source), str(data), str(args.root),
-                                      **_builder_params(detour.tiny_detour, args.params))
+            plan = detour.tiny_detour(str(source), str(data), str(args.root), **params)
         else:
             if not args.source or not args.data_path or args.text:
                 raise ValueError("eurobert needs --source and --data-path (prepared with tools/prepare_data.py "

@@ -62,6 +62,9 @@ def test_detour_refusals_are_one_line(tmp_path, capsys):
     assert "eurobert needs --source and --data-path" in capsys.readouterr().err
     assert main(["tiny", "--root", str(tmp_path / "r"), "--source", str(tmp_path), "stepz=3"]) == 2
     assert "'stepz=3': expected key=value with key one of" in capsys.readouterr().err
+    assert main(["tiny", "--root", str(tmp_path / "r"), "--source", str(tmp_path), "steps=abc"]) == 2
+    assert "detour (tiny_detour): parameter steps='abc' is a str; it takes int" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before any model or data was made
 
 
 def test_the_family_is_listed_and_runs_from_python_m_recipes(tmp_path, capsys):
