@@ -28,7 +28,7 @@ setup: $(VENV)/.installed
 test: setup
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
-	@echo "make test: the whole suite, ~1197 tests; 37 min here idle (2239 s, 2026-12-05), up to 60 under other load (CI: 1910 s for 814; a development machine: 1205 s for 845, idle; docs/performance.md)"
+	@echo "make test: the whole suite, ~1223 tests; 36 min here idle (2168 s, 2026-12-05, clean-clone .ci/run 2571 s), up to 60 under other load (CI: 1910 s for 814; a development machine: 1205 s for 845, idle; docs/performance.md)"
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).
