@@ -1,21 +1,31 @@
-"""The same CPU numbers on every x86-64 machine: each library's kernels pinned to one instruction set.
+"""The demo's CPU kernels pinned to one code path per library, and the name of the host a figure was measured on.
 
 torch picks its own vectorised kernels (ATen), MKL its matrix products and oneDNN its primitives by the CPU they
 find. Each sums in its own order, and the demo's training is chaotic enough that one bit decides its figures:
 measured, the same code with MKL's SSE2 products instead of its AVX2 ones gave the same CLM phase to the third
-decimal, then MLM losses of 5.751 and 5.664 and a final fill-mask loss of 6.34 and 6.33. So every library that
-computes a training number must take the same code path on every host:
+decimal, then MLM losses of 5.751 and 5.664 and a final fill-mask loss of 6.34 and 6.33. So each library that
+computes a training number takes one code path whatever the host offers:
 
 - ATen: `ATEN_CPU_CAPABILITY=avx2` (every x86-64 CPU of the last decade has AVX2).
 - MKL, which does all of torch's fp32 matrix products here (`MKL_VERBOSE=1` lists only SGEMM / SGEMM_BATCH calls
-  in a training run): `MKL_CBWR=COMPATIBLE`. MKL's AVX2 branch is reproducible on *Intel* CPUs only; on another
-  vendor's CPU MKL ignores it and dispatches as usual (oneMKL developer guide, "Getting Started with Conditional
-  Numerical Reproducibility"). We take that to be why CI's host, twice as fast as ours, gave MLM 5.694 against our
-  5.664 with the AVX2 pin (not yet confirmed: `.ci/run` now prints the host's CPU first). COMPATIBLE is MKL's SSE2 branch without the approximate reciprocal instructions whose
-  results differ between vendors. It costs speed on large products (2.2-2.8x on hidden-128 shapes in isolation);
-  the demo's model is small enough that its time is mostly elsewhere.
+  in a training run): `MKL_CBWR=COMPATIBLE`, its SSE2 branch without the approximate reciprocals whose results
+  differ between vendors. Its AVX2 branch is honoured on Intel CPUs only (oneMKL developer guide, "Getting Started
+  with Conditional Numerical Reproducibility"); COMPATIBLE is honoured on AMD too: measured on an AMD EPYC, every
+  product of a training run reports `CNR:COMPATIBLE`, and with MKL's vendor test forced to answer "Intel" (its
+  exported `mkl_serv_intel_cpu_true`, interposed) COMPATIBLE's products stay bit-identical while the default
+  branch's change. It costs speed on large products (2.2-2.8x on hidden-128 shapes in isolation); the demo's model
+  is small enough that its time is mostly elsewhere.
 - oneDNN: `ONEDNN_MAX_CPU_ISA=AVX2` (no call in an fp32 training run, `ONEDNN_VERBOSE=1`; kept for the paths that
   use it).
+
+That makes every run on one host give the same figures, and two AMD EPYC generations (family 25 model 17 and
+family 26 model 2) give the same figures bit for bit. It does not make Intel and AMD equal: at 5708c97 an Intel
+Xeon (family 6 model 207) and those AMD hosts agree on the CLM phase and the random-init figures, then move apart
+(MLM loss 5.751 / 5.705). The smoke scores of the random-init export, fine-tuned in the demo's own process, are equal
+on both; the drift starts in the training processes. Its source is not found: MKL, as above, is ruled out; the
+next suspects, code that picks a variant by the CPU it finds with no override (glibc's libm), cannot be tested
+without an Intel host. mlmclm/demo_figures.py therefore checks the figures exactly on the README's host and within
+a measured spread elsewhere.
 
 MKL's reproducibility also needs the same thread count: our CPU runs use 1 thread per training process and the
 2 cores both machines have in the demo's own process. `pin()` must run before torch is first used in the process;

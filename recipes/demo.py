@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlmclm import cpu_kernels
 
-# before torch computes anything here or in the training processes: the README's figures hold on every x86-64 host
+# before torch computes anything here or in the training processes: one path per library (mlmclm/cpu_kernels.py)
 cpu_kernels.pin()
 from mlmclm import quiet  # noqa: E402
 # shared with the mini-replication; imported here under the names the demo has always used
