@@ -1,10 +1,34 @@
-"""Names from others that become one component of a path (a model label, a task name) stay one component.
+"""Names from others that become part of a path, or a word of a shell command, stay what they were meant to be.
 
-`runs/<label>/<task>/...` with a label or task named `..` (or `a/../..`) would put the record outside the output
-folder; a name with a NUL cannot be a path at all. Such a name is refused, naming what it is, before anything is
-written.
+- One path component (`check_path_component`: an evaluation model label, a task name): `runs/<label>/<task>/...`
+  with a label or task named `..` (or `a/../..`) would put the record outside the output folder; a name with a NUL
+  cannot be a path at all.
+- A plain name (`PLAIN_NAME`, `check_plain_name`: a phase, `logging.run_name`, an experiment's title, a dataset's
+  shard): one component that also means nothing to a shell or a URL, for names that NeMo-Run splices unquoted into
+  `mkdir -p {path}` and the sbatch script's lines, or a manifest splices into a `pipe:` command.
+
+Such a name is refused, naming what it is, before anything is written.
 """
 from __future__ import annotations
+
+import re
+
+# No space, quote, $, ;, |, &, <, >, `, *, ?, ~, newline (shell), no %, #, @, : (URL), never empty, never starting
+# with "." (so never "." or "..") or "-" (an option to a command), at most 255 characters (a folder's limit).
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+PLAIN_NAME_RULE = "letters, digits, '.', '_', '-'; not starting with '.' or '-'; at most 255"
+
+
+def is_plain_name(value) -> bool:
+    return isinstance(value, str) and PLAIN_NAME.fullmatch(value) is not None
+
+
+def check_plain_name(value, what: str, use: str) -> str:
+    """`value` if it is a plain name, else a one-line ValueError naming `what` (a field, a flag), the rule, what the
+    name is used for (`use`) and the value."""
+    if not is_plain_name(value):
+        raise ValueError(f"{what} must be a plain name ({PLAIN_NAME_RULE}; {use}), got {value!r}")
+    return value
 
 
 def check_path_component(value, what: str) -> str:
