@@ -17,6 +17,7 @@ import torch
 
 from mlmclm.convert.hf_source import SourceError, load_source, resolve_source
 from mlmclm.convert.output import check_output, dir_size, staged_output
+from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.to_hf import TOKENIZER_SUBDIR
 from mlmclm.data.tokenizer import tokenizer_identity
 from mlmclm.model.config import ModelConfig
@@ -199,6 +200,7 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
         identity = tok_class = None
         if tokenizer is not None:
             tokenizer.save_pretrained(str(iter_dir / TOKENIZER_SUBDIR))
+            strip_remote_code_hooks(iter_dir / TOKENIZER_SUBDIR)  # the source's auto_map comes back out of the save
             identity, tok_class = tokenizer_identity(tokenizer), tokenizer.__class__.__name__
         final_tok = cfg.output.absolute() / "checkpoints" / iter_dir.name / TOKENIZER_SUBDIR
         run_config = {"model": model.to_dict(), "parallel": asdict(cfg.parallel), "precision": {"dtype": cfg.dtype},

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
 from mlmclm.convert.hf_config import eurobert_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
+from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, verify_export
 from mlmclm.export.sentence_transformers import SentenceTransformerLayout, write_sentence_transformer_files
 from mlmclm.model.config import ModelConfig
@@ -272,6 +273,7 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
         tok.save_pretrained(str(staging))
         if cfg.sentence_transformers is not None:
             write_sentence_transformer_files(staging, cfg.sentence_transformers)
+        strip_remote_code_hooks(staging)  # the tokenizer we loaded saves the source's auto_map back out
         (staging / "README.md").write_text(model_card(source, tok_name, cfg.dtype))
         diff = None
         if cfg.verify:
