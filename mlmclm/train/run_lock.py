@@ -11,16 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from pathlib import Path
-
-from mlmclm.atomic_write import write_atomic
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".writer.lock"
 STALE_AFTER_S = 900  # no step in 15 min (longer than any save we have measured): its holder is gone
+TAKEOVER_STALE_S = 60  # a takeover takes milliseconds: a guard this old was left by a start that died in it
 
 
 class RunLockedError(RuntimeError):
@@ -89,30 +89,86 @@ def _stale_reason(held: dict, age_s: float) -> str | None:
 
 
 class RunLock:
-    """Held by rank 0 for the life of a run; `touch()` each step, `release()` at exit."""
+    """Held by rank 0 for the life of a run; `touch()` each step, `release()` at exit.
+
+    Taken with an exclusive create (O_EXCL): of several starts at the same moment exactly one creates the file, the
+    others find it held. A stale lock is taken over under a second exclusive file (`.takeover`), after checking that
+    the lock is still the one judged stale, so two starts cannot both take it over. Each holder writes a random
+    token, and `release()` removes the lock only while it still holds that token."""
 
     def __init__(self, checkpoint_dir: Path):
         self.path = Path(checkpoint_dir) / LOCK_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
+        self.holder = {**_holder(), "token": secrets.token_hex(16)}
+        for _ in range(3):  # a stale lock removed, then created again: another start may win that create
             try:
-                held = json.loads(self.path.read_text())
-            except (json.JSONDecodeError, OSError):
-                held = {}
-            reason = _stale_reason(held, time.time() - self.path.stat().st_mtime)
-            if reason is None:
-                raise RunLockedError(
-                    f"{self.path.parent} is being written by another run (host {held.get('host')}, pid "
-                    f"{held.get('pid')}, Slurm job {held.get('slurm_job')}); stop it first, or delete {self.path} "
-                    f"if you know it is gone")
-            log.info("taking over a stale lock on %s: %s", self.path.parent, reason)
-        write_atomic(self.path, json.dumps(_holder()))
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(self.holder))
+            return
+        raise RunLockedError(f"{self.path.parent}: another run took the lock while this one was starting")
+
+    def _read(self) -> tuple[dict, os.stat_result, str] | None:
+        """The lock's holder, its stat and text; None when it is gone."""
+        try:
+            stat, text = self.path.stat(), self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            held = json.loads(text)
+        except json.JSONDecodeError:  # being written by its creator this instant, or torn: judged by its age
+            held = {}
+        return (held if isinstance(held, dict) else {}), stat, text
+
+    def _take_over_if_stale(self) -> None:
+        """Remove the lock if its holder is gone (RunLockedError if it is alive, or another start is taking it)."""
+        found = self._read()
+        if found is None:
+            return
+        held, stat, text = found
+        reason = _stale_reason(held, time.time() - stat.st_mtime)
+        if reason is None:
+            raise RunLockedError(
+                f"{self.path.parent} is being written by another run (host {held.get('host')}, pid "
+                f"{held.get('pid')}, Slurm job {held.get('slurm_job')}); stop it first, or delete {self.path} "
+                f"if you know it is gone")
+        guard = self.path.with_name(LOCK_FILE + ".takeover")
+        try:
+            fd = os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            try:
+                if time.time() - guard.stat().st_mtime > TAKEOVER_STALE_S:  # its taker died mid-way
+                    guard.unlink(missing_ok=True)
+                    return
+            except FileNotFoundError:
+                return
+            raise RunLockedError(f"{self.path.parent}: another run is taking over its stale lock right now") from None
+        try:
+            now = self._read()
+            # still the lock judged stale? Another start may have taken it over and created its own meanwhile
+            if now is not None and (now[1].st_ino, now[2]) == (stat.st_ino, text):
+                self.path.unlink()
+                log.info("taking over a stale lock on %s: %s", self.path.parent, reason)
+        finally:
+            os.close(fd)
+            guard.unlink(missing_ok=True)
+
+    def holds(self) -> bool:
+        found = self._read()
+        return found is not None and found[0].get("token") == self.holder["token"]
 
     def touch(self) -> None:
         os.utime(self.path)
 
     def release(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """Remove the lock if this run still holds it; one another run took over (ours judged stale) is left."""
+        if self.holds():
+            self.path.unlink(missing_ok=True)
+        elif self.path.exists():
+            log.warning("%s is held by another run now: left in place", self.path)
 
 
 def remove_staging_leftovers(checkpoint_dir: Path) -> list[str]:
