@@ -16,9 +16,14 @@ import socket
 import time
 from pathlib import Path
 
+from mlmclm.atomic_write import write_atomic
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".writer.lock"
+# Left in the checkpoint folder by the first start of a run and never removed: a run of ours that stopped before its
+# first save (its lock released, no iter_* yet) still says whose the folder is; an empty checkpoints/ says nothing.
+RUN_MARKER = ".mlmclm-run"
 STALE_AFTER_S = 900  # no step in 15 min (longer than any save we have measured): its holder is gone
 TAKEOVER_STALE_S = 60  # a takeover takes milliseconds: a guard this old was left by a start that died in it
 
@@ -38,13 +43,13 @@ def _first_names(path: Path, count: int = 1000) -> list[str]:
 
 
 def _is_our_checkpoint_dir(path: Path) -> bool:
-    """A checkpoint folder as our runs leave it: empty, or holding our lock, pointer or iteration folders. A run
-    of ours has one from its first moment (rank 0 takes the lock there before anything else is written)."""
+    """A checkpoint folder as our runs leave it: holding our marker, lock, pointer or iteration folders. A run of
+    ours has the marker and the lock from its first moment (rank 0 takes the lock there before anything else is
+    written). An empty one is anyone's: another tool's folder with an empty checkpoints/ was trained into."""
     if not path.is_dir():
         return False
-    names = _first_names(path)
-    return not names or any(name in (LOCK_FILE, "latest_checkpointed_iteration.txt")
-                            or name.startswith(("iter_", ".staging_iter_")) for name in names)
+    return any(name in (RUN_MARKER, LOCK_FILE, "latest_checkpointed_iteration.txt")
+               or name.startswith(("iter_", ".staging_iter_")) for name in _first_names(path))
 
 
 def check_run_dir_is_ours(run_dir: str | Path, allowed: bool = False) -> None:
@@ -55,6 +60,8 @@ def check_run_dir_is_ours(run_dir: str | Path, allowed: bool = False) -> None:
     if allowed or not path.is_dir():
         return
     names = sorted(_first_names(path))
+    if names == ["checkpoints"] and not _first_names(path / "checkpoints"):
+        return  # an empty folder holding an empty checkpoints/: nothing of anyone's to write among
     if names and not _is_our_checkpoint_dir(path / "checkpoints"):
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise ForeignRunDirError(
@@ -108,6 +115,9 @@ class RunLock:
                 continue
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(json.dumps(self.holder))
+            marker = self.path.with_name(RUN_MARKER)
+            if not marker.exists():
+                write_atomic(marker, "checkpoints of an mlmclm run (mlmclm/train/run_lock.py)\n")
             return
         raise RunLockedError(f"{self.path.parent}: another run took the lock while this one was starting")
 

@@ -63,3 +63,28 @@ def test_only_its_holder_releases_the_lock(tmp_path):
     again = run_lock.RunLock(tmp_path)
     again.release()
     assert not again.path.exists()
+
+
+def test_another_tools_folder_with_an_empty_checkpoints_folder_is_not_a_run_of_ours(tmp_path):
+    """Issue 56: a folder holding another tool's metrics.jsonl, run_status.json and notes plus an empty checkpoints/
+    was trained into (an empty checkpoints/ counted as ours) and both of that tool's files were overwritten."""
+    foreign = tmp_path / "theirs"
+    (foreign / "checkpoints").mkdir(parents=True)
+    for name in ("metrics.jsonl", "run_status.json", "notes.txt"):
+        (foreign / name).write_text("theirs\n")
+    try:
+        run_lock.check_run_dir_is_ours(foreign)
+    except run_lock.ForeignRunDirError as err:
+        assert "not empty (checkpoints, metrics.jsonl, notes.txt, run_status.json)" in str(err)
+    else:
+        raise AssertionError("another tool's folder was taken for a run of ours")
+    run_lock.check_run_dir_is_ours(foreign, allowed=True)  # checkpoint.allow_foreign_run_dir=true
+
+    # a run of ours that stopped before its first save: lock released, no iter_* yet, its own status beside it
+    ours = tmp_path / "ours"
+    run_lock.RunLock(ours / "checkpoints").release()
+    (ours / "run_status.json").write_text("{}")
+    run_lock.check_run_dir_is_ours(ours)
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    run_lock.check_run_dir_is_ours(empty)  # nothing but an empty checkpoints/: nothing to write among
