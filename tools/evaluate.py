@@ -34,6 +34,7 @@ from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.reports.summary import write_summary
 from mlmclm.export.retriever import check_kept_outputs, keep_retrievers
+from mlmclm.output_apart import check_output_apart
 from mlmclm.train.checkpoint import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
@@ -174,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "grid":
             if not args.model or args.output is None:
                 raise ValueError("grid needs --model LABEL=HF_MODEL_DIR and --output DIR (or --list)")
-            models, tasks, protocol = _models(args.model), _tasks(args), _protocol(args)
+            models = _models(args.model)
+            inputs = {**{f"model {label}": path for label, path in models.items()}, "data root": args.data_root}
+            check_output_apart(args.output, inputs)  # before the smoke tasks or any record is written there
+            if args.keep_retriever is not None:
+                check_output_apart(args.keep_retriever, inputs)
+            tasks, protocol = _tasks(args), _protocol(args)
             if args.keep_retriever is not None:
                 check_kept_outputs(args.keep_retriever, models, tasks)  # refused before hours of fine-tuning
             records = run_grid(models, tasks, args.output, protocol)
@@ -183,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 for line in keep_retrievers(records, models, tasks, protocol, args.keep_retriever):
                     print(line)
         elif args.command == "curve":
+            check_output_apart(args.output, {"training run": args.run_dir, "data root": args.data_root})
             print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
         else:
             records = load_records(args.output)

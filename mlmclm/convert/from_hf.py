@@ -21,6 +21,7 @@ from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.to_hf import TOKENIZER_SUBDIR
 from mlmclm.data.tokenizer import tokenizer_identity
 from mlmclm.model.config import ModelConfig
+from mlmclm.output_apart import check_output_apart
 from mlmclm.parallel.launch import spawn
 from mlmclm.parallel.runtime import ParallelConfig
 from mlmclm.train import checkpoint as ckpt
@@ -182,6 +183,7 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
     start = time.time()
     check_output(cfg.output, cfg.force)
     directory = resolve_source(cfg.source)
+    check_output_apart(cfg.output, {"source": directory})  # before anything is read or the output replaced
     source, weights, ignored = load_source(directory, cfg.make_vocab_divisible_by)
     model = source.model
     model.validate_layout(cfg.parallel)

@@ -20,6 +20,7 @@ from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, verify_export
 from mlmclm.export.sentence_transformers import SentenceTransformerLayout, write_sentence_transformer_files
 from mlmclm.model.config import ModelConfig
+from mlmclm.output_apart import check_output_apart
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import PHASE_MODEL_FIELDS
@@ -248,8 +249,17 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
 
 # --- export ------------------------------------------------------------------------------------------------------
 
+def run_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint path belongs to (RUN, RUN/checkpoints or RUN/checkpoints/iter_* given)."""
+    path = Path(checkpoint).absolute()
+    if path.name.startswith("iter_") and path.parent.name == "checkpoints":
+        return path.parent.parent
+    return path.parent if path.name == "checkpoints" else path
+
+
 def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
     start = time.time()
+    check_output_apart(cfg.output, {"training run": run_of(cfg.checkpoint), "tokenizer": cfg.tokenizer})
     source = open_checkpoint(cfg.checkpoint)
     check_output(cfg.output, cfg.force)  # fail before any work
     tok, identity, tok_name = resolve_tokenizer(source, cfg.tokenizer)

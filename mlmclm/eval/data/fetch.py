@@ -27,6 +27,7 @@ from mlmclm.eval.data.data_root import MANIFEST
 from mlmclm.eval.data.hub_files import read_parquet, read_qrels
 from mlmclm.eval.data.retrieval_sets import filtered_shard, mldr_ids
 from mlmclm.eval.data.sources import REPOS, task_repos
+from mlmclm.output_apart import check_output_apart
 
 PARTIAL = ".partial"
 FIX = ("run `tools/evaluate.py fetch --suite paper --out DIR` on a machine that reaches huggingface.co (set "
@@ -44,6 +45,7 @@ class Hub:
     resolve: Callable[[str, str], str]
     list_files: Callable[[str, str], list[str]]
     download: Callable[[str, str, str, Path], Path]
+    folder: Path | None = None  # a mirror's folder: what fetch reads, so never its output
 
 
 def huggingface_hub(endpoint: str | None = None) -> Hub:
@@ -72,7 +74,7 @@ def mirror(folder: Path, revisions: dict[str, str]) -> Hub:
         shutil.copyfile(folder / repo / name, target)
         return target
 
-    return Hub(resolve=lambda repo, ref: revisions[repo], list_files=files, download=download)
+    return Hub(resolve=lambda repo, ref: revisions[repo], list_files=files, download=download, folder=folder)
 
 
 def suite_repos(tasks: list[str]) -> list[str]:
@@ -169,6 +171,7 @@ def fetch_suite(out: Path, tasks: list[str], hub: Hub | None = None, progress: b
     out = Path(out)
     progress = sys.stderr.isatty() if progress is None else progress
     hub = hub or huggingface_hub()
+    check_output_apart(out, {"mirror": hub.folder})  # its repositories would be replaced by their copies
     if not progress:
         from huggingface_hub.utils import disable_progress_bars
 
