@@ -49,3 +49,19 @@ def test_fetch_leaves_a_partial_folder_it_did_not_make(tmp_path, hub):
         _fetch(out, hub)
     assert (out / ".partial" / "mine.txt").read_text() == "mine\n"
     assert sorted(p.name for p in out.iterdir()) == [".partial"]
+
+
+def test_grid_refuses_a_summary_it_did_not_write_before_any_run(tmp_path, tiny_model_dir, capsys):
+    """`grid --output` replaced someone's summary.md / summary.json without asking, after the whole grid."""
+    from tools.evaluate import main as evaluate
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "summary.md").write_text("# my notes\n")
+    argv = ["grid", "--model", f"m={tiny_model_dir}", "--smoke", "--lrs", "1e-3", "--seeds", "0", "--max-steps", "1",
+            "--output", str(out)]
+    assert evaluate(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "summary.md exists and is not a summary this tool wrote: pass --force" in err
+    assert sorted(p.name for p in out.iterdir()) == ["summary.md"]  # nothing run, nothing written
+    assert (out / "summary.md").read_text() == "# my notes\n"
