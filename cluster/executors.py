@@ -13,6 +13,8 @@ from pathlib import Path
 
 import nemo_run as run
 
+from mlmclm.path_names import check_shell_word
+
 # The NGC PyTorch image cluster/Dockerfile builds on (CUDA, NCCL, Transformer Engine and apex built against its
 # torch). It is not a runnable default: it has neither mlmclm, nemo_run nor megatron-core 0.19, so a job on it fails
 # on the nodes. The image to run is the one built from cluster/Dockerfile (MLMCLM_CONTAINER_IMAGE).
@@ -131,7 +133,10 @@ def slurm_executor(
     cpus = int(_setting("cpus_per_task", cpus_per_task) or CPUS_PER_GPU * gpus_per_node)
     if cpus < gpus_per_node:
         raise ValueError(f"cpus_per_task {cpus} is fewer than the {gpus_per_node} ranks torchrun starts per node")
-    job_dir = _setting("job_dir", job_dir) or str(Path.home() / ".nemo_run" / "slurm_jobs")
+    # job_dir, the image, the mounts, python_env and shared_dirs are words of NeMo-Run's `mkdir -p` and of the sbatch
+    # script, unquoted: each is refused unless it stays one inert word
+    job_dir = check_shell_word(_setting("job_dir", job_dir) or str(Path.home() / ".nemo_run" / "slurm_jobs"),
+                               "job_dir")
     host = _setting("host", host)
     tunnel = (run.SSHTunnel(host=host, user=_setting("user", user) or os.environ.get("USER", ""), job_dir=job_dir)
               if host else run.LocalTunnel(job_dir=job_dir))
@@ -145,13 +150,13 @@ def slurm_executor(
                 "PET_SHUTDOWN_TIMEOUT": str(max(1, preemption_notice_s - 10))}
     image = _setting("container_image", container_image)
     setup = [requeue_policy(max_requeues)]
-    container_mounts = list(mounts or [])
+    container_mounts = [check_shell_word(mount, "mounts") for mount in mounts or []]
     if image:
-        image = container_image_for_slurm(image)
+        image = check_shell_word(container_image_for_slurm(image), "container_image")
         for name, target in (("data_dir", DATA_MOUNT_TARGET), ("checkpoint_dir", CHECKPOINT_MOUNT_TARGET)):
             source = _setting(name, data_dir if name == "data_dir" else checkpoint_dir)
             if source:
-                container_mounts.append(f"{source}:{target}")
+                container_mounts.append(f"{check_shell_word(source, name)}:{target}")
     else:
         shared = shared_directories(_setting("shared_dirs", shared_dirs))
         prefix = bare_metal_env(_setting("python_env", python_env), shared, check_local=not host)
@@ -169,6 +174,8 @@ def slurm_executor(
             if "/nemo_run" in path:  # NeMo-Run rewrites every "/nemo_run" of a container-less sbatch script
                 raise ValueError(f"{what} {path} contains '/nemo_run', which NeMo-Run replaces with the job folder "
                                  f"in a script without a container (so the job would look elsewhere); rename it")
+        for what, path in (("python_env", prefix), *(("shared_dirs", d) for d in shared)):
+            check_shell_word(path, what)
         env_vars.update({"PATH": f"{prefix}/bin:$PATH", SETTINGS["shared_dirs"][0]: ":".join(shared),
                          "VIRTUAL_ENV": prefix})
         setup.append(torchrun_shim(prefix))

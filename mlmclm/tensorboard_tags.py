@@ -20,8 +20,6 @@ Readers see one flat namespace, the canonical tags (`clm/loss`, `clm/loss_held_o
 """
 from __future__ import annotations
 
-import re
-
 OBJECTIVES = ("clm", "mlm")
 
 # Fixed keys of metrics.jsonl and their TensorBoard names; per-phase keys are mapped by `tensorboard_tag`.
@@ -47,9 +45,6 @@ _PHASE_TAGS = {
 
 # Tags older runs wrote inside one run folder (until 2026-12): read under today's canonical names.
 _OLDER = {"accuracy": "token_accuracy", "held_out_loss": "loss_held_out", "held_out_accuracy": "token_accuracy_held_out"}
-
-# A phase name is a folder of the TensorBoard layout: one plain path component.
-PHASE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 def phase_location(key: str) -> tuple[str, str] | None:

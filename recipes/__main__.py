@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         return detour_run.main(argv[1:])
     parser, args = parse_args(argv)
     from recipes import launch, registry
+    if args.name is not None:  # before any folder is made or data packed
+        try:
+            launch.check_experiment_names(args.name, [], what="--name")
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     from cluster.executors import settings
 
     if args.update_readme:

@@ -85,6 +85,9 @@ def slurm_data_executor(partitions: int | None, workers: int, **options) -> run.
 def launch(tasks: list[tuple[str, run.Partial]], executor: str = "local", executor_options: dict | None = None,
            workers: int = 8, title: str = "data_prep", dryrun: bool = False, detach: bool = False) -> run.Experiment:
     """Each task after the previous one; on Slurm the parts are one array job and the merge waits for all of it."""
+    from recipes.launch import check_experiment_names
+
+    check_experiment_names(title, [name for name, _ in tasks])
     with run.Experiment(title, log_level="WARN") as exp:
         previous = None
         for name, partial in tasks:

@@ -13,6 +13,7 @@ from pathlib import Path
 import nemo_run as run
 from invoke.exceptions import UnexpectedExit
 
+from mlmclm.path_names import check_plain_name
 from mlmclm.redact import redact
 from recipes import registry
 from recipes.base import validate, world_size
@@ -27,6 +28,19 @@ from recipes.task_outcome import (TaskFailedError, TaskInterruptedError, TaskPre
                                   status_stamp, task_error)
 
 EXECUTORS = ("local", "slurm")
+
+
+# NeMo-Run makes the experiment's folder from its title and each task's from its name, with `mkdir -p {path}` through
+# a shell, and its sbatch script holds them unquoted (`mkdir`, `export PATH`, `srun` lines): a `$( )` or a space
+# there would run or split on the submitting machine and on the cluster.
+NAME_USE = "it names NeMo-Run's folders and is a word of its shell commands and sbatch script"
+
+
+def check_experiment_names(title: str, task_names: list[str], what: str = "experiment title") -> None:
+    """Refuse (ValueError, one line) a title or task name that is not a plain name, before NeMo-Run sees it."""
+    check_plain_name(title, what, NAME_USE)
+    for name in task_names:
+        check_plain_name(name, "task name", NAME_USE)
 
 
 def make_executor(kind: str, partial: run.Partial, options: dict | None = None):
@@ -105,6 +119,7 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     which step each saved.
     """
     title = title or tasks[0][0]
+    check_experiment_names(title, [name for name, _ in tasks])
     slurm = executor_kind == "slurm"
     console = sys.stdout  # before NeMo-Run's output is sent to `console_log`
     if not dryrun and not (tasks := unfinished(tasks, console if progress else None)):

@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.only:
             parser.error("--only needs at least one run name or pattern")
     try:
+        if args.name is not None:  # before the plan is built or any folder made
+            launch.check_experiment_names(args.name, [], what="--name")
         params, executor = _split_items(args.overrides)
         checkpoint_dir = executor.get("checkpoint_dir")
         if checkpoint_dir is None and args.executor == "slurm":

@@ -72,6 +72,7 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     those it waits for). `base_dir`: where NeMo-Run keeps the experiment (default: its home)."""
     slurm = executor_kind == "slurm"
     jobs = launch_jobs(runs)
+    launch.check_experiment_names(title, [job.name for job in jobs])
     # locally, Ctrl-C stops the running job as a preemption does and starts no later one (recipes.interrupt)
     interrupt = None if slurm or dryrun or detach else LocalInterrupt(os.fdopen(os.dup(2), "w"))
     with launch._interruptible(interrupt), \

@@ -32,8 +32,9 @@ from mlmclm.eval.finetune.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATE
 from mlmclm.eval.finetune.suite_plan import describe_suite
 from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
-from mlmclm.eval.reports.summary import write_summary
+from mlmclm.eval.reports.summary import check_summary_replaceable, write_summary
 from mlmclm.export.retriever import check_kept_outputs, keep_retrievers
+from mlmclm.output_apart import check_output_apart
 from mlmclm.train.checkpoint import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
@@ -148,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--every", type=int, default=1, help="evaluate every N-th checkpoint (the last always)")
     for sub in (grid, curve, summary):
         sub.add_argument("--output", type=Path, required=sub is not grid)
+    for sub in (grid, summary):
+        sub.add_argument("--force", action="store_true",
+                         help="replace a summary.md / summary.json in --output that this tool did not write")
     return parser
 
 
@@ -174,21 +178,29 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "grid":
             if not args.model or args.output is None:
                 raise ValueError("grid needs --model LABEL=HF_MODEL_DIR and --output DIR (or --list)")
-            models, tasks, protocol = _models(args.model), _tasks(args), _protocol(args)
+            models = _models(args.model)
+            inputs = {**{f"model {label}": path for label, path in models.items()}, "data root": args.data_root}
+            check_output_apart(args.output, inputs)  # before the smoke tasks or any record is written there
+            if args.keep_retriever is not None:
+                check_output_apart(args.keep_retriever, inputs)
+            if not args.force:
+                check_summary_replaceable(args.output)  # someone's summary.md: refused now, not after the grid
+            tasks, protocol = _tasks(args), _protocol(args)
             if args.keep_retriever is not None:
                 check_kept_outputs(args.keep_retriever, models, tasks)  # refused before hours of fine-tuning
             records = run_grid(models, tasks, args.output, protocol)
-            _print_summary(write_summary(records, args.output))
+            _print_summary(write_summary(records, args.output, force=args.force))
             if args.keep_retriever is not None:
                 for line in keep_retrievers(records, models, tasks, protocol, args.keep_retriever):
                     print(line)
         elif args.command == "curve":
+            check_output_apart(args.output, {"training run": args.run_dir, "data root": args.data_root})
             print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
         else:
             records = load_records(args.output)
             if not records:
                 raise FileNotFoundError(f"{args.output}: no run JSONs under runs/")
-            _print_summary(write_summary(records, args.output))
+            _print_summary(write_summary(records, args.output, force=args.force))
     except (ValueError, FileNotFoundError, FileExistsError, TaskDataError, ImportError, CheckpointError,
             CheckpointReadError, UnsafeCheckpointError, FetchError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)

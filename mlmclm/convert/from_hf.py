@@ -17,9 +17,11 @@ import torch
 
 from mlmclm.convert.hf_source import SourceError, load_source, resolve_source
 from mlmclm.convert.output import check_output, dir_size, staged_output
+from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.to_hf import TOKENIZER_SUBDIR
 from mlmclm.data.tokenizer import tokenizer_identity
 from mlmclm.model.config import ModelConfig
+from mlmclm.output_apart import check_output_apart
 from mlmclm.parallel.launch import spawn
 from mlmclm.parallel.runtime import ParallelConfig
 from mlmclm.train import checkpoint as ckpt
@@ -181,6 +183,7 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
     start = time.time()
     check_output(cfg.output, cfg.force)
     directory = resolve_source(cfg.source)
+    check_output_apart(cfg.output, {"source": directory})  # before anything is read or the output replaced
     source, weights, ignored = load_source(directory, cfg.make_vocab_divisible_by)
     model = source.model
     model.validate_layout(cfg.parallel)
@@ -199,6 +202,7 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
         identity = tok_class = None
         if tokenizer is not None:
             tokenizer.save_pretrained(str(iter_dir / TOKENIZER_SUBDIR))
+            strip_remote_code_hooks(iter_dir / TOKENIZER_SUBDIR)  # the source's auto_map comes back out of the save
             identity, tok_class = tokenizer_identity(tokenizer), tokenizer.__class__.__name__
         final_tok = cfg.output.absolute() / "checkpoints" / iter_dir.name / TOKENIZER_SUBDIR
         run_config = {"model": model.to_dict(), "parallel": asdict(cfg.parallel), "precision": {"dtype": cfg.dtype},

@@ -16,9 +16,11 @@ from tqdm import tqdm
 from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
 from mlmclm.convert.hf_config import eurobert_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
+from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, verify_export
 from mlmclm.export.sentence_transformers import SentenceTransformerLayout, write_sentence_transformer_files
 from mlmclm.model.config import ModelConfig
+from mlmclm.output_apart import check_output_apart
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import PHASE_MODEL_FIELDS
@@ -247,8 +249,17 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
 
 # --- export ------------------------------------------------------------------------------------------------------
 
+def run_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint path belongs to (RUN, RUN/checkpoints or RUN/checkpoints/iter_* given)."""
+    path = Path(checkpoint).absolute()
+    if path.name.startswith("iter_") and path.parent.name == "checkpoints":
+        return path.parent.parent
+    return path.parent if path.name == "checkpoints" else path
+
+
 def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
     start = time.time()
+    check_output_apart(cfg.output, {"training run": run_of(cfg.checkpoint), "tokenizer": cfg.tokenizer})
     source = open_checkpoint(cfg.checkpoint)
     check_output(cfg.output, cfg.force)  # fail before any work
     tok, identity, tok_name = resolve_tokenizer(source, cfg.tokenizer)
@@ -272,6 +283,7 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
         tok.save_pretrained(str(staging))
         if cfg.sentence_transformers is not None:
             write_sentence_transformer_files(staging, cfg.sentence_transformers)
+        strip_remote_code_hooks(staging)  # the tokenizer we loaded saves the source's auto_map back out
         (staging / "README.md").write_text(model_card(source, tok_name, cfg.dtype))
         diff = None
         if cfg.verify:

@@ -19,21 +19,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.bounded_read import FileRefusedError, read_regular_file
 from mlmclm.data.remote import MANIFEST_LIMIT, read_stream
+from mlmclm.path_names import PLAIN_NAME
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "mlmclm-packed-v2"
 READABLE_FORMATS = ("mlmclm-packed-v1", FORMAT)
-# One component of a name our tools write (shard-000000.tar, part-00000-of-00004, tails.npz, manifest.json): a
-# character set with no meaning to a shell (no space, quote, $, ;, |, &, <, >, `, *, ?, ~, newline) or in a URL
-# (no %, ?, #, @, :), never empty, never starting with "." (so never "." or "..") or "-" (an option to a command).
-NAME_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+# One component of a name our tools write (shard-000000.tar, part-00000-of-00004, tails.npz, manifest.json): a plain
+# name, which means nothing to a shell or in a URL (mlmclm/path_names.py).
+NAME_COMPONENT = PLAIN_NAME
 
 
 def check_relative_name(value, where: str) -> str:

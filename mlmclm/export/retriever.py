@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.convert.output import check_output, staged_output
+from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.eval.finetune.encodeval_heads import pooling_of
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, retrieval_lengths
 from mlmclm.eval.finetune.protocol import ProtocolConfig, RunRecord, select_learning_rate
@@ -65,6 +66,7 @@ def save_sentence_transformer(encoder, tokenizer, layout: SentenceTransformerLay
         encoder.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
         write_sentence_transformer_files(staging, layout)
+        strip_remote_code_hooks(staging)  # the evaluated model's config and tokenizer save its auto_map back out
         write_atomic(staging / RECORD_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 

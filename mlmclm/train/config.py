@@ -11,7 +11,7 @@ from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
 from mlmclm.parallel.runtime import ParallelConfig
-from mlmclm.tensorboard_tags import PHASE_NAME
+from mlmclm.path_names import check_plain_name, is_plain_name
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
 
 
@@ -56,9 +56,7 @@ class PhaseConfig:
             raise ValueError(f"phase.fraction must be in (0, 1], got {self.fraction}")
         if self.name is None:
             self.name = self.objective.kind
-        if not isinstance(self.name, str) or not PHASE_NAME.fullmatch(self.name):
-            raise ValueError(f"phase.name must be a plain name (letters, digits, '_', '.', '-'; it names the phase's "
-                             f"metrics and TensorBoard folder), got {self.name!r}")
+        check_plain_name(self.name, "phase.name", "it names the phase's metrics and TensorBoard folder")
 
 
 @dataclass
@@ -150,10 +148,8 @@ class LoggingConfig:
     run_name: str | None = None  # TensorBoard's name of the run (RUN/tensorboard/NAME); default: the run dir's name
 
     def __post_init__(self):
-        if self.run_name is not None and (not isinstance(self.run_name, str)
-                                          or not PHASE_NAME.fullmatch(self.run_name)):
-            raise ValueError(f"logging.run_name must be a plain name (letters, digits, '_', '.', '-'; it names the "
-                             f"run's TensorBoard folder), got {self.run_name!r}")
+        if self.run_name is not None:
+            check_plain_name(self.run_name, "logging.run_name", "it names the run's TensorBoard folder")
 
 
 @dataclass
@@ -364,7 +360,7 @@ class TrainConfig:
         if self.logging.run_name is not None:
             return self.logging.run_name
         name = Path(self.run_dir).resolve().name
-        return name if PHASE_NAME.fullmatch(name) else "run"
+        return name if is_plain_name(name) else "run"
 
     def to_dict(self) -> dict:
         return config_io.to_dict(self)

@@ -1,5 +1,7 @@
 """`tools/convert_to_hf.py … --sentence-transformers`: the export is also a sentence-transformers model that the real
-library loads without code of ours or remote code, embedding as our retrieval evaluation's mean-pooled tower does."""
+library loads without code of ours or remote code, embedding as our retrieval evaluation's mean-pooled tower does.
+Its source carries remote-code hooks (tests/planted_hooks.py), as EuroBERT's own repository does: none reaches the
+checkpoint's tokenizer or either export (issue 56)."""
 import shutil
 
 import pytest
@@ -10,6 +12,7 @@ from mlmclm.convert.from_hf import ImportConfig, convert_from_hf
 from mlmclm.eval.finetune.heads import MeanPoolingEncoder
 from mlmclm.eval.finetune.retrieval import _embed
 from mlmclm.eval.finetune.training import load_tokenizer
+from tests.planted_hooks import plant_remote_code_hooks, remote_code_hooks
 
 sentence_transformers = pytest.importorskip("sentence_transformers")  # the `test` extra
 
@@ -17,14 +20,20 @@ sentence_transformers = pytest.importorskip("sentence_transformers")  # the `tes
 def test_convert_to_hf_writes_a_sentence_transformer(tmp_path, capsys):
     source = make_random_eurobert(tmp_path / "hf")
     shutil.copytree(make_tokenizer(tmp_path / "tok"), source, dirs_exist_ok=True)
+    assert remote_code_hooks(plant_remote_code_hooks(source))
     run = tmp_path / "run"
     convert_from_hf(ImportConfig(str(source), run, progress=False))
+    assert remote_code_hooks(run) == []  # the tokenizer the checkpoint carries
     out = tmp_path / "st"
     convert = tool_main("convert_to_hf")
     assert convert([str(run), str(out), "--sentence-transformers", "--query-prompt", "search_query: ",
                     "--max-seq-length", "6"]) == 0
     assert read_json(out / "config_sentence_transformers.json")["prompts"] == {"query": "search_query: ",
                                                                              "document": "Document: "}
+    assert remote_code_hooks(out) == []
+    # a plain export, its tokenizer given as the hooked source itself (--tokenizer)
+    assert convert([str(run), str(tmp_path / "plain"), "--tokenizer", str(source)]) == 0
+    assert remote_code_hooks(tmp_path / "plain") == []
     model = sentence_transformers.SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
     assert model.max_seq_length == 6
     texts = ["the cat sat on the mat", "a red dog ran fast", "hello"]

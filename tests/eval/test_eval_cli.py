@@ -26,6 +26,15 @@ def test_evaluate_cli_grid_then_summary(tmp_path, tiny_model_dir):
         "| 2 ⚠ |")
     (out / "summary.md").unlink()
     assert run_cli("summary", "--output", out).returncode == 0 and (out / "summary.md").exists()
+    # ours is rewritten at will; someone's summary.json there is replaced only with --force (issue 56)
+    from tools.evaluate import main as evaluate
+
+    assert evaluate(["summary", "--output", str(out)]) == 0
+    (out / "summary.json").write_text('{"mine": 1}\n')
+    assert evaluate(["summary", "--output", str(out)]) == 2
+    assert (out / "summary.json").read_text() == '{"mine": 1}\n'
+    assert evaluate(["summary", "--output", str(out), "--force"]) == 0
+    assert "tasks" in json.loads((out / "summary.json").read_text())
 
 
 def test_evaluate_cli_bad_task_file_fails_clearly(tmp_path, tiny_model_dir):

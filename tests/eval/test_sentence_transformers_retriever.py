@@ -1,6 +1,7 @@
 """The sentence-transformers directories we write, loaded by the real `sentence-transformers` (no code of ours at
 load time, no remote code): they embed as our retrieval evaluation does, under both rules, and the retriever
-`tools/evaluate.py grid --keep-retriever` keeps reproduces its recorded NDCG@10 when re-scored through them."""
+`tools/evaluate.py grid --keep-retriever` keeps reproduces its recorded NDCG@10 when re-scored through them, and
+carries none of the remote-code hooks of the model it was fine-tuned from (issue 56)."""
 import json
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from mlmclm.eval.finetune.metrics import ndcg_at_k
 from mlmclm.eval.finetune.task_spec import TaskSpec
 from mlmclm.export.retriever import retrieval_layout, retrieval_tokenizer
 from mlmclm.export.sentence_transformers import write_sentence_transformer_files
+from tests.planted_hooks import plant_remote_code_hooks, remote_code_hooks
 
 sentence_transformers = pytest.importorskip("sentence_transformers")  # the `test` extra
 
@@ -77,13 +79,15 @@ def test_kept_retriever_reproduces_its_recorded_ndcg_through_sentence_transforme
     tasks.write_text(json.dumps([{"name": "colors", "family": "retrieval", "path": str(folder), "max_length": 16,
                                   "query_prefix": "Query: ", "document_prefix": "Document: "}]))
     keep = tmp_path / "kept"
-    args = ("grid", "--model", f"tiny={tiny_model_dir}", "--tasks", tasks, "--lrs", "1e-3", "3e-3", "--seeds", "0",
+    hooked = plant_remote_code_hooks(shutil.copytree(tiny_model_dir, tmp_path / "hooked"))  # config and tokenizer
+    args = ("grid", "--model", f"tiny={hooked}", "--tasks", tasks, "--lrs", "1e-3", "3e-3", "--seeds", "0",
             "1", "--max-steps", "6", "--min-steps", "0", "--batch-size", "8", "--output", tmp_path / "out",
             "--keep-retriever", keep)
     result = _cli(*args)
     assert result.returncode == 0, result.stderr
     kept = keep / "tiny" / "colors"
     assert f"as a sentence-transformers model: {kept}" in result.stdout
+    assert remote_code_hooks(kept) == []
     record = json.loads((kept / "retriever.json").read_text())
     grid = json.loads((tmp_path / "out" / "runs" / "tiny" / "colors" /
                        f"lr{record['learning_rate']:g}_seed{record['seed']}.json").read_text())

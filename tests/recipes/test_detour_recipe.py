@@ -1,13 +1,15 @@
 """The CLM detour family's CPU twin end to end through NeMo-Run's LocalExecutor: a tiny EuroBERT made with
 `transformers`, imported by our convert_from_hf, its step-0 held-out losses measured by the trainer's validation,
 the detour (CLM → MLM decay) and its control (MLM only) trained from it, both exported (HF + sentence-transformers),
-and the one table."""
+and the one table. The tiny EuroBERT carries remote-code hooks (tests/planted_hooks.py), as the real one's repository
+does: neither the import nor the exports carry them (issue 56)."""
 import json
 
 import pytest
 
 from mlmclm.train import checkpoint as ckpt
 from recipes.detour_report import validations
+from tests.planted_hooks import plant_remote_code_hooks, remote_code_hooks
 
 
 def test_tiny_detour_and_control_run_export_and_report(nemo_home, tmp_path, capsys):
@@ -19,6 +21,7 @@ def test_tiny_detour_and_control_run_export_and_report(nemo_home, tmp_path, caps
     from recipes.detour_run import main
 
     root = tmp_path / "detour"
+    plant_remote_code_hooks(detour.make_tiny_eurobert(root / "tiny_eurobert"))  # the family's default source
     assert main(["tiny", "--root", str(root), "steps=4", "validation_samples=8"]) == 0
     out = capsys.readouterr().out
     step0 = json.loads((root / "step0_held_out.json").read_text())["val/mlm/loss"]
@@ -51,6 +54,8 @@ def test_tiny_detour_and_control_run_export_and_report(nemo_home, tmp_path, caps
     for name in ("detour", "control"):  # both exported: transformers and sentence-transformers load them
         AutoModelForMaskedLM.from_pretrained(root / "export" / name, trust_remote_code=False)
         assert (root / "export" / name / "modules.json").exists()
+        assert remote_code_hooks(root / "export" / name) == []
+    assert remote_code_hooks(root / "imported") == []
     st = pytest.importorskip("sentence_transformers")
     assert st.SentenceTransformer(str(root / "export" / "detour"), device="cpu").encode_query(["a"]).shape[-1] == 128
 

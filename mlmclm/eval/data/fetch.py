@@ -6,10 +6,13 @@ resolved once and recorded; its files (the globs of `Repo.files`) are downloaded
 the retrieval corpora and query files are cut shard by shard to the documents the protocol uses (retrieval_sets.py:
 judged ids of the qrels, MLDR's positives), so an 8.8 M-passage corpus never lands whole on disk beside its cut;
 then the folder is renamed to `OUT/<repo>/` and `OUT/manifest.json` (written to a temporary name, then renamed)
-records its revision, files, rows and bytes. Nothing half-written ever sits under a final name.
+records its revision, files, rows and bytes. Nothing half-written ever sits under a final name. Nothing of anyone
+else's under OUT is deleted: `OUT/<repo>/` is replaced only when it holds just the files the manifest records, a
+`.partial` folder fetch did not make is refused, and only its own marker and empty folders are removed from it.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -27,8 +30,10 @@ from mlmclm.eval.data.data_root import MANIFEST
 from mlmclm.eval.data.hub_files import read_parquet, read_qrels
 from mlmclm.eval.data.retrieval_sets import filtered_shard, mldr_ids
 from mlmclm.eval.data.sources import REPOS, task_repos
+from mlmclm.output_apart import check_output_apart
 
 PARTIAL = ".partial"
+PARTIAL_MARKER = ".made-by-fetch"  # in OUT/.partial: the folder is ours, its files are our downloads
 FIX = ("run `tools/evaluate.py fetch --suite paper --out DIR` on a machine that reaches huggingface.co (set "
        "HF_ENDPOINT for a mirror, unset HF_HUB_OFFLINE), copy DIR to the cluster, then pass --data-root DIR")
 
@@ -44,6 +49,7 @@ class Hub:
     resolve: Callable[[str, str], str]
     list_files: Callable[[str, str], list[str]]
     download: Callable[[str, str, str, Path], Path]
+    folder: Path | None = None  # a mirror's folder: what fetch reads, so never its output
 
 
 def huggingface_hub(endpoint: str | None = None) -> Hub:
@@ -72,7 +78,7 @@ def mirror(folder: Path, revisions: dict[str, str]) -> Hub:
         shutil.copyfile(folder / repo / name, target)
         return target
 
-    return Hub(resolve=lambda repo, ref: revisions[repo], list_files=files, download=download)
+    return Hub(resolve=lambda repo, ref: revisions[repo], list_files=files, download=download, folder=folder)
 
 
 def suite_repos(tasks: list[str]) -> list[str]:
@@ -124,9 +130,26 @@ def _resolve(hub: Hub, repo: str) -> str:
         raise FetchError(f"cannot reach the hub for {repo} ({type(err).__name__}: {err}); {FIX}") from err
 
 
-def fetch_repo(hub: Hub, repo: str, revision: str, out: Path, progress: bool) -> dict:
-    """Download (and cut) one repository's suite files into OUT/.partial/<repo>, then rename it to OUT/<repo>."""
+def _check_replaceable(final: Path, recorded: dict | None) -> None:
+    """`OUT/<repo>` may be replaced only when it holds nothing but the files OUT/manifest.json records for it:
+    anything else there is someone's, and would be deleted with it."""
+    known = set((recorded or {}).get("files") or {})
+    others = sorted(p.relative_to(final).as_posix() for p in final.rglob("*")
+                    if not p.is_dir() and p.relative_to(final).as_posix() not in known)
+    if recorded is None or others:
+        what = f"{others[0]!r}" + (f" and {len(others) - 1} more" if len(others) > 1 else "") if others else "files"
+        raise FetchError(f"{final} holds {what} that fetch did not write (OUT/manifest.json does not record "
+                         f"{'them' if others else 'this folder'}): fetching would replace the folder; move it away "
+                         f"or choose another --out")
+
+
+def fetch_repo(hub: Hub, repo: str, revision: str, out: Path, progress: bool, recorded: dict | None = None) -> dict:
+    """Download (and cut) one repository's suite files into OUT/.partial/<repo>, then rename it to OUT/<repo>
+    (`recorded`: the manifest's entry of an earlier fetch, whose files alone may be replaced)."""
     partial = out / PARTIAL / repo
+    final = out / repo
+    if final.exists():  # before any download: nothing of someone else's is replaced
+        _check_replaceable(final, recorded)
     wanted = REPOS[repo].files
     try:
         listed = hub.list_files(repo, revision)
@@ -155,9 +178,8 @@ def fetch_repo(hub: Hub, repo: str, revision: str, out: Path, progress: bool) ->
                     pq.write_table(filtered_shard(downloaded, rule[0], rule[1]), part)
                 os.replace(part, target)
         entry["files"][name] = {"rows": _rows_of(target), "bytes": target.stat().st_size}
-    final = out / repo
     if final.exists():
-        shutil.rmtree(final)  # another revision, replaced (its manifest entry is rewritten below)
+        shutil.rmtree(final)  # our files of another revision, replaced (its manifest entry is rewritten below)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(partial, final)
     entry["complete"] = True
@@ -169,24 +191,43 @@ def fetch_suite(out: Path, tasks: list[str], hub: Hub | None = None, progress: b
     out = Path(out)
     progress = sys.stderr.isatty() if progress is None else progress
     hub = hub or huggingface_hub()
+    check_output_apart(out, {"mirror": hub.folder})  # its repositories would be replaced by their copies
     if not progress:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
     repos = suite_repos(tasks)
     revisions = {repos[0]: _resolve(hub, repos[0])}  # first contact: no network fails here, before any write
-    (out / PARTIAL).mkdir(parents=True, exist_ok=True)
     path = out / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"repos": {}}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("repos"), dict):
+        raise FetchError(f"{path} is not a manifest fetch writes (no 'repos'): choose another --out")
+    partial_root = out / PARTIAL
+    if partial_root.exists() and not (partial_root / PARTIAL_MARKER).exists():
+        raise FetchError(f"{partial_root} exists and was not made by fetch: its files would be taken for downloads "
+                         f"and removed; move it away or choose another --out")
+    partial_root.mkdir(parents=True, exist_ok=True)
+    (partial_root / PARTIAL_MARKER).touch()
     for repo in tqdm(repos, desc="fetch", unit="repo", disable=not progress):
         revision = revisions.get(repo) or _resolve(hub, repo)
         done = manifest["repos"].get(repo, {})
         if done.get("complete") and done.get("revision") == revision and (out / repo).is_dir():
             continue
-        manifest["repos"][repo] = fetch_repo(hub, repo, revision, out, progress)
+        manifest["repos"][repo] = fetch_repo(hub, repo, revision, out, progress, done or None)
         _write_manifest(out, manifest)
-    shutil.rmtree(out / PARTIAL, ignore_errors=True)
+    _remove_partial(partial_root)
     return manifest
+
+
+def _remove_partial(root: Path) -> None:
+    """Remove OUT/.partial once every repository is in place: our marker and the folders left empty, never a file
+    (nothing of ours is left in it by then; anything else is not ours to delete)."""
+    (root / PARTIAL_MARKER).unlink(missing_ok=True)
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def manifest_bytes(manifest: dict) -> int:

@@ -2,6 +2,7 @@
 validation) and the stability report (spread over seeds and LRs, diverged runs); Markdown and JSON output."""
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from mlmclm.atomic_write import write_atomic
+from mlmclm.bounded_read import read_regular_text
 from mlmclm.eval.finetune.metrics import mean_ci95
 from mlmclm.eval.finetune.protocol import FEW_STEPS, RunRecord, group_runs, select_learning_rate, write_json_atomic
 from mlmclm.eval.finetune.task_spec import MAIN_METRIC
@@ -134,7 +136,7 @@ def summary_markdown(records: list[RunRecord]) -> str:
     if not records:
         raise ValueError("no run records to summarise")
     standard = standard_results(records)
-    lines = ["# Downstream evaluation", "",
+    lines = [SUMMARY_TITLE, "",
              "Scores in percent. The learning rate is chosen on validation (mean over seeds); test is reported as "
              "mean ± 95 % CI (Student t) over seeds at that learning rate.", "",
              "## Per task", "", f"`steps`: optimizer steps per run; ⚠ marks runs of fewer than {FEW_STEPS}, whose "
@@ -195,9 +197,39 @@ def data_lines(records: list[RunRecord]) -> list[str]:
     return lines
 
 
-def write_summary(records: list[RunRecord], output_dir: Path) -> Path:
-    """Write `summary.md` and `summary.json` under `output_dir`; returns the Markdown path."""
+SUMMARY_TITLE = "# Downstream evaluation"
+SUMMARY_KEYS = {"tasks", "families", "stability", "standard"}
+
+
+def _written_by_us(path: Path) -> bool:
+    """A summary file as `write_summary` writes it: the Markdown under its title, the JSON with its four sections."""
+    try:
+        text = read_regular_text(path, what="summary")
+        if path.suffix == ".md":
+            return text.startswith(SUMMARY_TITLE + "\n")
+        data = json.loads(text)
+        return isinstance(data, dict) and set(data) == SUMMARY_KEYS
+    except ValueError:  # refused (a FIFO, too large) or not JSON: not ours
+        return False
+
+
+def check_summary_replaceable(output_dir: Path) -> None:
+    """Refuse (FileExistsError, one line) when `output_dir` holds a summary.md or summary.json that `write_summary`
+    did not write: someone's file of that name would be replaced. The CLI checks before the grid starts and takes
+    `--force` to replace them."""
+    for name in ("summary.md", "summary.json"):
+        path = Path(output_dir) / name
+        if (path.exists() or path.is_symlink()) and not _written_by_us(path):
+            raise FileExistsError(f"{path} exists and is not a summary this tool wrote: pass --force to replace it, "
+                                  f"or choose another --output")
+
+
+def write_summary(records: list[RunRecord], output_dir: Path, force: bool = False) -> Path:
+    """Write `summary.md` and `summary.json` under `output_dir`; returns the Markdown path. Existing ones are
+    replaced when this tool wrote them (or `force`)."""
     output_dir = Path(output_dir)
+    if not force:
+        check_summary_replaceable(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     markdown_path = output_dir / "summary.md"
     write_atomic(markdown_path, summary_markdown(records))
