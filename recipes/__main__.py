@@ -129,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if exp is not None:  # None: every task had already finished, nothing was started
         print(f"experiment directory: {exp._exp_dir}")
+    if exp is not None and args.executor == "local" and not args.dryrun:  # a segment's end: no ETA line last
+        from recipes.progress import stopped_as_asked
+
+        for _, partial in tasks:
+            cfg = partial.config
+            if line := stopped_as_asked(cfg.run_dir, cfg.total_steps, cfg.checkpoint.stop_at):
+                print(line)
     return 0
 
 
