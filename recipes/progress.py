@@ -27,6 +27,15 @@ def finished_step(run_dir: str | Path, total_steps: int, stop_at: int | None) ->
     return step if step is not None and step >= min(total_steps, stop_at or total_steps) else None
 
 
+def stopped_as_asked(run_dir: str | Path, total_steps: int, stop_at: int | None) -> str | None:
+    """The last line of a launch that ended its segment (`checkpoint.stop_at`) rather than the run; else None."""
+    step = checkpointed_step(Path(run_dir))
+    if stop_at is None or step is None or not stop_at <= step < total_steps:
+        return None
+    return (f"stopped at step {step} as asked (checkpoint.stop_at); the same command continues, without "
+            f"checkpoint.stop_at or with a later one")
+
+
 def step_line(row: dict, total: int, seconds_per_step: float | None) -> str:
     phase = row["phase"]
     held_out = (f", held-out CLM {row['val/clm/loss']:.3f} / MLM {row['val/mlm/loss']:.3f}"
@@ -80,8 +89,9 @@ class RunProgress(threading.Thread):
         self._offset += len(complete)
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
-    def _poll(self) -> None:
-        """Besides the last step: each phase switch, each validation and each checkpoint since the last poll."""
+    def _poll(self, final: bool = False) -> None:
+        """Besides the last step: each phase switch, each validation and each checkpoint since the last poll.
+        `final`: the run is over, so its last step line has no ETA."""
         rows = self._new_rows()
         for row in rows:
             if self._resumed_at is not None and row["step"] <= self._resumed_at:  # trained before this launch
@@ -103,7 +113,7 @@ class RunProgress(threading.Thread):
         if self._first is None:
             self._first = (time.monotonic(), row["step"])
         rate = ((time.monotonic() - self._first[0]) / (row["step"] - self._first[1])
-                if row["step"] > self._first[1] else None)
+                if row["step"] > self._first[1] and not final else None)
         self.shown_step = row["step"]
         self._say(step_line(row, self.total, rate))
 
@@ -112,6 +122,6 @@ class RunProgress(threading.Thread):
         self.join()
         if not self.summary:
             return
-        self._poll()  # what the last interval did not show yet (its step line without an ETA: the run is over)
+        self._poll(final=True)  # what the last interval did not show yet
         self._say(f"metrics: {self.run_dir / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir "
                   f"{self.run_dir / 'tensorboard'}; checkpoints: {self.run_dir / 'checkpoints'}")

@@ -1,6 +1,8 @@
 """`make demo` end to end, shortened: data → recipe run on 2 processes → HF exports + random baseline → fill-mask
 on held-back lines → smoke evaluation of the three → plots; its console shows our stages, not NeMo-Run's."""
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -11,7 +13,8 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "recipes.demo", "--steps", "8", "--smoke-steps", "4",
                            "--output", str(out)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "MLMCLM_PROGRESS_SECONDS": "0.2"})  # 30 s by default
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     console = proc.stdout
     # Learning measured against baselines the demo prints itself.
@@ -23,6 +26,9 @@ def test_demo_pipeline_runs_end_to_end(tmp_path):
     for label in ("random init", "CLM25", "CLM25→MLM75"):
         assert f"{label} " in console
     assert "smoke_speaker_names entity_f1" in console and "smoke_named_character f1" in console
+    # Stage 5 in a pipe (a log file, no terminal): progress lines while the 6 fine-tuning runs go, no bar.
+    assert re.search(r"^evaluation runs: [1-5]/6 done, [1-5] left, ETA .*; last finished: ", proc.stderr, re.M)
+    assert re.search(r"^evaluation runs: 6/6 done in [0-9.]+ (s|min)$", proc.stderr, re.M) and "\r" not in proc.stderr
     # Quiet: NeMo-Run's banners and hints are in its log file, no third-party warning walls anywhere.
     assert "Entering Experiment" not in console and "nemo experiment" not in console
     assert "Entering Experiment" in (out / "nemo_run.log").read_text()

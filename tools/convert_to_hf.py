@@ -32,7 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     st = p.add_argument_group("sentence-transformers (docs/evaluation.md)")
     st.add_argument("--sentence-transformers", action="store_true",
-                    help="also write the files sentence-transformers reads: mean pooling, normalisation, the "
+                    help="also write the files sentence-transformers reads: the encoder without the MLM head in "
+                         "OUTPUT/0_Transformer (a second copy of its weights), mean pooling, normalisation, the "
                          "prompts below, so SentenceTransformer(OUTPUT) embeds as our retrieval evaluation does")
     st.add_argument("--query-prompt", default="Query: ", help="prompt 'query' (default: the paper's 'Query: ')")
     st.add_argument("--document-prompt", default="Document: ",

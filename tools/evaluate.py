@@ -27,16 +27,18 @@ from mlmclm.eval.checks.smoke_tasks import write_smoke_tasks
 from mlmclm.eval.data.data_root import check_manifest
 from mlmclm.eval.data.fetch import FetchError, fetch_suite, manifest_bytes, suite_repos
 from mlmclm.eval.finetune.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
-from mlmclm.eval.finetune.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, ProtocolConfig,
-                                           load_records, run_grid)
+from mlmclm.eval.finetune.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, RUNS_FOLDER,
+                                           ProtocolConfig, load_records, run_grid)
 from mlmclm.eval.finetune.suite_plan import describe_suite
 from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.reports.summary import check_summary_replaceable, write_summary
 from mlmclm.export.retriever import check_kept_outputs, keep_retrievers
 from mlmclm.output_apart import check_output_apart
-from mlmclm.train.checkpoint import CheckpointError
+from mlmclm.train.checkpoint import LATEST_FILE, TRAIN_STATE, CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
+
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped (training's too)
 
 
 def _suite(args) -> str:
@@ -96,13 +98,36 @@ def _protocol(args) -> ProtocolConfig:
 
 
 def _models(values: list[str]) -> dict[str, Path]:
+    """LABEL=DIR pairs, each checked to be a Hugging Face model folder before anything is written (the smoke tasks
+    used to land in the output folder before a bad --model was refused)."""
     models = {}
     for value in values:
         label, sep, path = value.partition("=")
         if not sep or not label or not path:
             raise ValueError(f"--model {value!r}: expected LABEL=HF_MODEL_DIR")
         models[label] = Path(path)
+        _check_model_dir(value, Path(path))
     return models
+
+
+def _check_model_dir(value: str, path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"--model {value}: {path} does not exist")
+    if (path / "config.json").is_file():
+        return
+    # a run folder, its checkpoints/ or one iter_* checkpoint: what training writes, not what fine-tuning reads
+    if any((path / name).exists() for name in ("checkpoints", LATEST_FILE, TRAIN_STATE)):
+        raise ValueError(f"--model {value}: {path} is a training run, not an exported model; export it first: "
+                         f"python tools/convert_to_hf.py {path} OUT, then --model {value.partition('=')[0]}=OUT")
+    raise FileNotFoundError(f"--model {value}: {path} is not a Hugging Face model folder (no config.json)")
+
+
+def _saved_runs(output: Path | None) -> str:
+    """What an interrupted grid or curve leaves: its finished runs' records (the one in progress is lost)."""
+    if output is None:
+        return "nothing was saved"
+    count = len(list((output / RUNS_FOLDER).glob("*/*/*.json")))
+    return f"{count} finished run{'s' * (count != 1)} saved in {output / RUNS_FOLDER}, the one in progress lost"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 check_output_apart(args.keep_retriever, inputs)
             if not args.force:
                 check_summary_replaceable(args.output)  # someone's summary.md: refused now, not after the grid
-            tasks, protocol = _tasks(args), _protocol(args)
+            protocol = _protocol(args)
+            tasks = _tasks(args)  # after the checks above: it writes the smoke tasks into --output
             if args.keep_retriever is not None:
                 check_kept_outputs(args.keep_retriever, models, tasks)  # refused before hours of fine-tuning
             records = run_grid(models, tasks, args.output, protocol)
@@ -205,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             CheckpointReadError, UnsafeCheckpointError, FetchError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # one line, as training's Ctrl-C gives (recipes.interrupt), not a traceback
+        kept = ("the files fetched so far are kept" if args.command == "fetch" else
+                _saved_runs(getattr(args, "output", None)) + " (finished runs are not run again)")
+        newline = "\n" if sys.stderr.isatty() else ""  # off the terminal's ^C and any progress bar's line
+        print(f"{newline}evaluate: stopped (Ctrl-C): {kept}; the same command resumes", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     return 0
 
 

@@ -3,9 +3,11 @@
 Documents are wrapped in BOS ... EOS and concatenated; a row may end inside a document, which then continues at
 the next row. Each shard records where documents start inside its rows, so the loader can give per-document
 attention masks or position resets. Output is deterministic (independent of the number of workers): re-running
-rewrites the same shards. Shards are written under temporary names and renamed when complete, and the manifest is
-written last, so an interrupted run never leaves a partial shard under a final name nor a manifest that
-describes shards it did not write.
+rewrites the same shards. A whole dataset is written into a staging folder beside the output and published at the
+end (mlmclm.data.staging): a refused or interrupted run leaves nothing there. A partitioned job writes its part in
+place (the merge checks every part); its shards are written under temporary names and renamed when complete, and
+the manifest is written last, so it never leaves a partial shard under a final name nor a manifest that describes
+shards it did not write.
 """
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -26,13 +27,13 @@ from mlmclm.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from mlmclm.data.packing import Packer
 from mlmclm.data.partition import PART_PATTERN, VALIDATION_DIR, write_tails
 from mlmclm.data.shards import TOKEN_DTYPES, token_dtype, write_shard
+from mlmclm.data.staging import SHARD_PATTERN, staged_dataset
 from mlmclm.data.sources import (MAX_DOCUMENT_CHARS, PrepareError, chosen_split, expand_inputs, hf_documents,
                                  iter_documents)
 from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
 from mlmclm.redact import redact, redact_tree
 
 log = logging.getLogger(__name__)
-SHARD_PATTERN = re.compile(r"^shard-\d{6}\.tar$")
 
 
 @dataclass
@@ -130,6 +131,19 @@ def prepare_embedded_corpus(output_dir, seq_length: int, max_tokens: int | None 
 
 def _prepare_with_validation(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig,
                              inputs: list[str]) -> Manifest:
+    """The dataset written into a staging folder, published at the end (a partition: in place)."""
+    if cfg.partitioned:
+        return _prepare_dataset(docs, cfg, inputs)
+    with staged_dataset(cfg.output_dir) as staging:
+        # the manifest's command names the output asked for, not the staging folder
+        staged = dataclasses.replace(cfg, output_dir=str(staging), command=cfg.command or repr(cfg))
+        manifest = _prepare_dataset(docs, staged, inputs)
+    manifest.location = str(Path(cfg.output_dir) / MANIFEST_NAME)
+    log.info("published %s", cfg.output_dir)
+    return manifest
+
+
+def _prepare_dataset(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig, inputs: list[str]) -> Manifest:
     """The training rows and, with `validation_every` K, the held-out split: documents whose index is K-1 mod K
     are kept out of the training rows and prepared, by the same packing (partitions and groups included, so a
     merge gives the same rows), into OUTPUT/validation/; the training manifest records it. The held-out texts wait
@@ -149,8 +163,9 @@ def _prepare_with_validation(docs: Iterable[tuple[int, str | None]], cfg: Prepar
 
     def add_split(manifest: Manifest, out: Path) -> None:
         if not held and not cfg.partitioned:
-            raise PrepareError(f"validation_every {every}: no document held out (the corpus has fewer than "
-                               f"{every} documents); lower it")
+            raise PrepareError(f"validation_every {every}: no document held out (the corpus has "
+                               f"{manifest.num_documents} documents, fewer than {every}; a .txt file is one "
+                               f"document, a .jsonl line one); lower it")
         split_dir = Path(cfg.output_dir) / VALIDATION_DIR
         split_cfg = dataclasses.replace(cfg, output_dir=str(split_dir), validation_every=None, max_tokens=None,
                                         command=f"{cfg.command or 'prepare'} (validation split: every {every}th "

@@ -78,18 +78,32 @@ def check_resume_compatible(saved_config: dict, saved_state: dict, config: dict,
     check_same_settings(saved_config, config, allowed, where)
 
 
-def check_same_settings(saved_config: dict, config: dict, allowed: list[str], where: str) -> None:
-    """Every setting that shapes the run's numbers is the checkpoint's, or changed by `allowed`."""
+def check_same_settings(saved_config: dict, config: dict, allowed: list[str], where: str,
+                        finished: bool = False) -> None:
+    """Every setting that shapes the run's numbers is the checkpoint's, or changed by `allowed` — except for a
+    `finished` run, which no resume continues: there an allowed change would only lead to "nothing to train"."""
+    refused = {}
     for field, (old, new) in changed_fields(saved_config, config).items():
         if _covered(field, FREE_ON_RESUME):
             continue
-        if _covered(field, allowed):
+        if _covered(field, allowed) and not finished:
             log.warning("resume: %s changed from %r to %r (allowed by checkpoint.allow_resume_changes)", field, old,
                         new)
             continue
-        raise IncompatibleCheckpointError(
-            f"{where}: {field} is {old!r} in the checkpoint but {new!r} here; resuming would not continue the same "
-            f"run. To change it on purpose, allow it: checkpoint.allow_resume_changes=[{field}]")
+        refused[field] = (old, new)
+    if refused:  # all of them at once: allowing one must not lead into a second refusal
+        raise IncompatibleCheckpointError(_settings_refusal(where, refused, finished))
+
+
+def _settings_refusal(where: str, refused: dict[str, tuple], finished: bool) -> str:
+    changes = "; ".join(f"{field} is {old!r} in the checkpoint but {new!r} here" for field, (old, new) in
+                        refused.items())
+    seeds = [field for field in refused if field.rpartition(".")[2] == "seed"]
+    if finished or seeds:  # no resume is the way forward: another seed, or any change to a finished run, is a new run
+        why = "This run is finished, so a changed setting" if finished else "A different seed"
+        return f"{where}: {changes}. {why} is a new run: give it a new run_dir (run_dir=...)"
+    return (f"{where}: {changes}; resuming would not continue the same run. To change it on purpose, allow it: "
+            f"checkpoint.allow_resume_changes=[{','.join(refused)}]")
 
 
 def check_rope_in_force(saved_state: dict, model: ModelConfig, where: str) -> None:
@@ -126,7 +140,9 @@ def check_resume_from(cfg: TrainConfig, checkpoint: Path, manifest: Manifest | N
     saved_state = ckpt.read_json(checkpoint, ckpt.TRAIN_STATE)
     if manifest is not None:
         check_same_data_identity(saved_state, manifest, str(checkpoint))
-    check_same_settings(saved_config, cfg.to_dict(), cfg.checkpoint.allow_resume_changes, str(checkpoint))
+    iteration = saved_state.get("iteration")
+    finished = isinstance(iteration, int) and iteration >= cfg.total_steps  # (a finished run's re-launch)
+    check_same_settings(saved_config, cfg.to_dict(), cfg.checkpoint.allow_resume_changes, str(checkpoint), finished)
     last_step = min(saved_state["iteration"], cfg.total_steps) - 1  # the checkpoint's last trained step
     check_rope_in_force(saved_state, cfg.phase_models()[cfg.phase_at(last_step)], str(checkpoint))
     return saved_state

@@ -2,6 +2,7 @@
 library loads without code of ours or remote code, embedding as our retrieval evaluation's mean-pooled tower does.
 Its source carries remote-code hooks (tests/planted_hooks.py), as EuroBERT's own repository does: none reaches the
 checkpoint's tokenizer or either export (issue 56)."""
+import logging
 import shutil
 
 import pytest
@@ -34,8 +35,22 @@ def test_convert_to_hf_writes_a_sentence_transformer(tmp_path, capsys):
     # a plain export, its tokenizer given as the hooked source itself (--tokenizer)
     assert convert([str(run), str(tmp_path / "plain"), "--tokenizer", str(source)]) == 0
     assert remote_code_hooks(tmp_path / "plain") == []
-    model = sentence_transformers.SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
+    reports = []  # transformers' own logger (it does not propagate to pytest's capture)
+    listener = logging.Handler()
+    listener.emit = lambda record: reports.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(listener)
+    try:
+        model = sentence_transformers.SentenceTransformer(str(out), device="cpu", trust_remote_code=False)
+    finally:
+        logging.getLogger("transformers").removeHandler(listener)
     assert model.max_seq_length == 6
+    # no load report: the module's weights are the encoder alone (they held the MLM head: lm_head.weight UNEXPECTED)
+    assert not [text for text in reports if "LOAD REPORT" in text or "UNEXPECTED" in text], reports
+    # the top folder is still the MLM export, every weight used
+    from transformers import AutoModelForMaskedLM
+
+    _, info = AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
     texts = ["the cat sat on the mat", "a red dog ran fast", "hello"]
     tower, tokenizer = MeanPoolingEncoder(out).eval(), load_tokenizer(out)
     torch.testing.assert_close(model.encode_query(texts, convert_to_tensor=True),

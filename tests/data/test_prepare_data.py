@@ -117,15 +117,21 @@ def test_bad_inputs_give_clear_errors(tmp_path, tok_dir, capsys):
     assert rc == 2 and "wrong.jsonl:1: no field 'text'" in capsys.readouterr().err
 
 
-def test_interrupted_run_leaves_no_partial_shard(tmp_path, tok_dir, docs, monkeypatch):
+def test_a_failed_or_interrupted_run_writes_nothing(tmp_path, tok_dir, docs, monkeypatch):
+    """The dataset is staged beside its output and published at the end: a failure leaves no output (not even the
+    parent folder made for it), an interrupted re-run leaves the earlier dataset as it was, no staging folder
+    stays behind. A partitioned job writes its part in place: complete shards only, no manifest."""
     src = write_jsonl(tmp_path / "a.jsonl", docs)
     with open(src, "a") as f:
         f.write("not json\n")   # fails after several shards were written
     with pytest.raises(PrepareError, match="a.jsonl:401"):
-        prepare(cfg([src], tmp_path / "out", tok_dir, docs_per_task=20))
-    _assert_only_complete_shards(tmp_path / "out")
+        prepare(cfg([src], tmp_path / "new" / "out", tok_dir, docs_per_task=20))
+    assert not (tmp_path / "new").exists()
 
-    # A crash while a shard is being written.
+    # A crash while a shard is being written, in a re-run over an earlier dataset.
+    good = write_jsonl(tmp_path / "b.jsonl", docs)
+    prepare(cfg([good], tmp_path / "out2", tok_dir, max_tokens=3000))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out2").iterdir()}
     import webdataset
     calls = {"n": 0}
     real_write = webdataset.TarWriter.write
@@ -138,8 +144,30 @@ def test_interrupted_run_leaves_no_partial_shard(tmp_path, tok_dir, docs, monkey
 
     monkeypatch.setattr(webdataset.TarWriter, "write", failing_write)
     with pytest.raises(KeyboardInterrupt):
-        prepare(cfg([write_jsonl(tmp_path / "b.jsonl", docs)], tmp_path / "out2", tok_dir))
-    _assert_only_complete_shards(tmp_path / "out2")
+        prepare(cfg([good], tmp_path / "out2", tok_dir))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out2").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl", "out2"]  # no staging folder left
+    monkeypatch.undo()
+
+    with pytest.raises(PrepareError, match="a.jsonl:401"):
+        prepare(cfg([src], tmp_path / "parts", tok_dir, docs_per_task=20, partition=0, num_partitions=2))
+    _assert_only_complete_shards(tmp_path / "parts" / "part-00000-of-00002")
+
+
+def test_a_validation_split_the_corpus_cannot_give_is_refused_and_writes_nothing(tmp_path, tok_dir, capsys):
+    """`--validation-every 10` on 4 text files (a .txt file is one document): one line, exit 2, no output folder
+    (it used to leave 4 shards and no manifest)."""
+    texts = []
+    for i, text in enumerate(make_docs(4)):
+        (tmp_path / f"t{i}.txt").write_text(text * 20)
+        texts.append(str(tmp_path / f"t{i}.txt"))
+    rc = cli.main(["--input", *texts, "--output", str(tmp_path / "data" / "mine"), "--tokenizer", str(tok_dir),
+                   "--seq-length", "8", "--samples-per-shard", "10", "--validation-every", "10", "--workers", "1",
+                   "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("error: validation_every 10: no document held out (the corpus has 4 documents, fewer "
+                               "than 10; a .txt file is one document, a .jsonl line one); lower it\n"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"t{i}.txt" for i in range(4)]
 
 
 def _assert_only_complete_shards(out):

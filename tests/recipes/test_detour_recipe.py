@@ -24,6 +24,10 @@ def test_tiny_detour_and_control_run_export_and_report(nemo_home, tmp_path, caps
     plant_remote_code_hooks(detour.make_tiny_eurobert(root / "tiny_eurobert"))  # the family's default source
     assert main(["tiny", "--root", str(root), "steps=4", "validation_samples=8"]) == 0
     out = capsys.readouterr().out
+    # the two runs' progress lines, printed side by side, each say whose they are
+    assert f"[detour] {root / 'detour'}: new run of 4 steps" in out and f"[control] {root / 'control'}: new run" in out
+    unlabelled = [line for line in out.splitlines() if "step " in line and "/4 [" in line and line[:1] != "["]
+    assert not unlabelled and "[control] step     4/4 [mlm] loss" in out, out
     step0 = json.loads((root / "step0_held_out.json").read_text())["val/mlm/loss"]
     report = json.loads((root / "report.json").read_text())
     assert report["clm_steps"] == 2 and report["total_steps"] == 4 and report["step0"] == step0

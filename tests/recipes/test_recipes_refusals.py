@@ -46,11 +46,17 @@ def test_a_finished_run_relaunched_with_a_changed_seed_is_refused_and_unchanged_
 
     changed = _arguments(finished, run_dir, steps, "seed=99")
     expected = _resume_refusal(changed, run_dir)
-    assert "seed is 1234 in the checkpoint but 99 here" in expected, expected
+    assert "data.seed is 1234 in the checkpoint but 99 here; seed is 1234 in the checkpoint but 99 here" in expected
+    # the way forward is a new run, not allow_resume_changes (which led into a second refusal, then "nothing to train")
+    assert expected.endswith("is a new run: give it a new run_dir (run_dir=...)"), expected
+    assert "allow_resume_changes" not in expected, expected
     assert main(changed) == 2
     out, err = capsys.readouterr()
     assert err == f"error: {expected}\n", err
     assert "already finished" not in out, out
+    assert main([*changed, "checkpoint.allow_resume_changes=[data.seed,seed]"]) == 2  # allowed: still a new run
+    out, err = capsys.readouterr()
+    assert "already finished" not in out and err.endswith("give it a new run_dir (run_dir=...)\n"), (out, err)
     assert not nemo_home.exists() or not any(nemo_home.rglob("attempt_*")), "a process was started"
 
     assert main(_arguments(finished, run_dir, steps)) == 0  # the same settings: finished, nothing to train

@@ -117,3 +117,22 @@ def test_readme_writer_replaces_only_the_table(tmp_path):
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "| old |" not in text
     assert registry.readme_table(text) == registry.markdown_table()
+
+
+@pytest.mark.parametrize("name", ["tiny_clm_mlm", "cpt_610m"])
+def test_a_recipes_help_lists_its_parameters_with_types_and_defaults(name):
+    """`python -m recipes NAME --help`, as typed; every parameter the builder takes, with its type and default."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "recipes", name, "--help"], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in proc.stdout.splitlines() if line.startswith("  ")}
+    recipe = registry.get(name)
+    assert list(lines) == list(recipe.parameters()), proc.stdout
+    assert lines["steps"] == f"int, default {recipe.parameters()['steps']}"
+    assert lines["run_dir"] == "str | None, default None"
+    if recipe.fixed:
+        assert "Fixed by the name: size='610m'" in proc.stdout

@@ -13,7 +13,7 @@ from mlmclm.parallel.torchrun import preempted
 from mlmclm.train import run_lock
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.logger import rewind_metrics as _rewind_metrics
-from mlmclm.train.resume_check import IncompatibleCheckpointError, check_resume_compatible
+from mlmclm.train.resume_check import IncompatibleCheckpointError, check_resume_compatible, check_same_settings
 
 import train_scenarios as sc
 
@@ -85,6 +85,29 @@ def test_an_allowed_change_extends_the_run(tmp_path):
     _check(saved, longer, allowed=["total_steps", "phases"])
     with pytest.raises(IncompatibleCheckpointError, match="total_steps"):
         _check(saved, longer, allowed=["phases"])
+
+
+def test_the_refusal_names_every_change_and_a_way_forward_that_leads_somewhere(tmp_path):
+    """Following the hint resumes (no second refusal naming the next field); a changed seed, or any change to a
+    finished run, points at a new run_dir instead: no resume would ever train it."""
+    saved = _config(tmp_path)
+    changed = _config(tmp_path, optimizer={"lr": 1e-3}, global_batch_size=16)
+    with pytest.raises(IncompatibleCheckpointError) as refused:
+        _check(saved, changed)
+    hint = str(refused.value).rpartition("checkpoint.allow_resume_changes=")[2]
+    assert hint == "[global_batch_size,optimizer.lr]", refused.value
+    _check(saved, changed, allowed=hint.strip("[]").split(","))
+
+    reseeded = _config(tmp_path, seed=99)
+    reseeded["data"]["seed"] = 99  # as the recipes' seed= sets both
+    with pytest.raises(IncompatibleCheckpointError) as refused:
+        _check(saved, reseeded)
+    assert str(refused.value) == ("iter_0000006: data.seed is 1234 in the checkpoint but 99 here; seed is 1234 in the "
+                                  "checkpoint but 99 here. A different seed is a new run: give it a new run_dir "
+                                  "(run_dir=...)")
+    with pytest.raises(IncompatibleCheckpointError, match=r"This run is finished, so a changed setting is a new run: "
+                                                          r"give it a new run_dir"):
+        check_same_settings(saved, changed, ["global_batch_size", "optimizer.lr"], "iter_0000006", finished=True)
 
 
 def test_allowed_changes_parse_from_a_command_line_list(tmp_path):

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.eval.finetune.runner import finetune_and_score
@@ -21,6 +20,7 @@ from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
+from mlmclm.progress_log import progress as progress_bar
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
@@ -201,8 +201,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
     plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
             for lr in protocol.learning_rates for seed in protocol.seeds]
     records, warned = [], set()
-    bar = tqdm(plan, desc="evaluation runs", unit="run", disable=not (progress and sys.stderr.isatty()),
-               dynamic_ncols=True)
+    bar = progress_bar(plan, "evaluation runs", enabled=progress)  # a bar on a terminal, lines in a log file
     for label, directory, data, lr, seed in bar:
         bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
         config = protocol.finetune_config(lr, seed, data.spec.family, data.spec.name)
