@@ -268,8 +268,8 @@ class _Run:
         finally:
             gc_control.stop()
             logger.close()
-            self.step_batches.close()  # before the loaders: they are its thread's while it builds
-            self.data.close()
+            self.step_batches.close()  # no wait for a batch being built ahead: it is dropped
+            self.data.close()  # abandons reads in flight (a stalled shard must not hold a preemption's status)
         if self.rank0:
             write_status(cfg, status, self.iteration, self.checkpoints[-1] if self.checkpoints else "")
         return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,
