@@ -114,14 +114,20 @@ def launch(*runs: tuple[dict, int | None]) -> None:
     from mlmclm.parallel.ports import free_port
 
     processes = []
-    for cfg_dict, stop_after in runs:
-        processes.append((cfg_dict, _context().Process(target=_in_new_process, args=(cfg_dict, stop_after,
-                                                                                    free_port()))))
-        processes[-1][1].start()
-    for cfg_dict, process in processes:
-        process.join()
-        if process.exitcode != 0:
-            raise RuntimeError(f"the run in {cfg_dict['run_dir']} exited with {process.exitcode}")
+    try:
+        for cfg_dict, stop_after in runs:
+            processes.append((cfg_dict, _context().Process(target=_in_new_process, args=(cfg_dict, stop_after,
+                                                                                        free_port()))))
+            processes[-1][1].start()
+        for cfg_dict, process in processes:
+            process.join()
+            if process.exitcode != 0:
+                raise RuntimeError(f"the run in {cfg_dict['run_dir']} exited with {process.exitcode}")
+    finally:  # a deadline (gpu_deadline.DeadlineReached) or a failed run: none of the others runs on
+        for _, process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 def per_step(run_dir: Path) -> dict[int, tuple[float, float | None]]:
@@ -146,8 +152,9 @@ def compare(reference: dict, other: dict) -> dict:
             "per_step": {s: {"reference": reference[s], "other": other.get(s)} for s in steps}}
 
 
-def determinism_check(cfg: DeterminismConfig, out: Path) -> dict:
-    """Runs the four launches under `out` and compares; `passed` means bit-identical in both comparisons."""
+def determinism_check(cfg: DeterminismConfig, out: Path, on_progress=None) -> dict:
+    """Runs the four launches under `out` and compares; `passed` means bit-identical in both comparisons.
+    `on_progress(partial)` after the first three runs (the session writes it: a deadline may cut the resume)."""
     from mlmclm.data.prepare import prepare_embedded_corpus
 
     data = out / "data"
@@ -163,6 +170,10 @@ def determinism_check(cfg: DeterminismConfig, out: Path) -> dict:
         for name, run_dir, _ in group:
             seconds[name] = round(time.monotonic() - start, 1)
             statuses[name] = json.loads((run_dir / "run_status.json").read_text())
+        if on_progress is not None and "c resume" not in statuses:
+            on_progress({"config": asdict(cfg), "seconds": dict(seconds),
+                         "statuses": {n: (s["status"], s["step"]) for n, s in statuses.items()},
+                         "same_seed": compare(per_step(dirs["a"]), per_step(dirs["b"]))})
     stopped = statuses["c stop"]["status"] == "preempted" and statuses["c stop"]["step"] == cfg.stop_after
     a, b, c = (per_step(dirs[n]) for n in ("a", "b", "c"))
     same_seed, resumed = compare(a, b), compare(a, c)

@@ -112,6 +112,7 @@ class StepBatches:
                      if background else None)
         self.ahead: Future | None = None
         self.last: HostStep | None = None
+        self.built_ahead = 0  # steps whose batch the thread had built (benchmarks report it)
 
     def _build(self, iteration: int) -> HostStep:
         return build_host_step(self.cfg, self.data, self.objectives, self.tokenizer, iteration)
@@ -122,6 +123,7 @@ class StepBatches:
                                f"{self.expected}")
         if self.ahead is not None:
             step, self.ahead = self.ahead.result(), None  # the thread's error, if any, is raised here
+            self.built_ahead += 1
         else:
             step = self._build(iteration)
         self.expected = iteration + 1
