@@ -8,8 +8,8 @@ kernels anew, as a second job would), run C stopped after `stop_after` steps by 
 (the preemption path: the flag is agreed at the step's read, C saves and exits) — these three side by side — then C
 resumed in a fresh process.
 The GPU session runs this as its determinism section; without CUDA with a tiny shape. The runs are forked from
-a fork server that imported the trainer once (a spawned interpreter per run paid ~8 s of imports; forking the caller
-itself hung after its own training on CPU, and cannot be done once CUDA is up).
+a fork server that imported torch once, and nothing that asks CUDA (forking the caller itself hung after its own
+training on CPU, and cannot be done once CUDA is up; a server that had imported megatron poisoned every fork).
 """
 from __future__ import annotations
 
@@ -73,21 +73,37 @@ def _train(cfg_dict: dict, stop_after: int | None) -> None:
     pt.pretrain(TrainConfig.from_dict(cfg_dict))
 
 
+def refuse_bad_fork() -> None:
+    """Raises in a child forked after its parent asked CUDA anything: torch would refuse to initialise CUDA there
+    ("Cannot re-initialize CUDA in forked subprocess"), deep inside the run's setup."""
+    import torch
+
+    if torch._C._cuda_isInBadFork():
+        raise RuntimeError("this run was forked after its parent asked CUDA for its devices: the fork server must "
+                           "preload nothing that does (see FORK_SERVER_PRELOAD)")
+
+
 def _in_new_process(cfg_dict: dict, stop_after: int | None, port: int) -> None:
+    refuse_bad_fork()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     _train(cfg_dict, stop_after)
 
 
+# What the fork server imports once for every run: only modules that never ask CUDA anything. Importing megatron
+# (any of megatron.core: its dist_checkpointing calls torch.cuda.is_available()) or torch's cpp_extension does, and
+# in a CUDA build of torch that poisons fork — every child then fails at torch.cuda.set_device. Each run imports
+# the trainer itself (a few seconds, the runs side by side); tests/benchmarks/test_determinism_fork.py checks it.
+FORK_SERVER_PRELOAD = ["determinism_check", "torch", "mlmclm.data.prepare"]
 _CONTEXT = None
 
 
 def _context():
-    """A fork server: a fresh interpreter that imports the trainer once and never touches CUDA; each run is forked
+    """A fork server: a fresh interpreter that imports torch once and never touches CUDA; each run is forked
     from it — a new process, with no compiled kernel, CUDA context or generator state of any other run."""
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["determinism_check", "mlmclm.train.pretrain", "mlmclm.data.prepare"])
+        _CONTEXT.set_forkserver_preload(FORK_SERVER_PRELOAD)
     return _CONTEXT
 
 
@@ -98,14 +114,20 @@ def launch(*runs: tuple[dict, int | None]) -> None:
     from mlmclm.parallel.ports import free_port
 
     processes = []
-    for cfg_dict, stop_after in runs:
-        processes.append((cfg_dict, _context().Process(target=_in_new_process, args=(cfg_dict, stop_after,
-                                                                                    free_port()))))
-        processes[-1][1].start()
-    for cfg_dict, process in processes:
-        process.join()
-        if process.exitcode != 0:
-            raise RuntimeError(f"the run in {cfg_dict['run_dir']} exited with {process.exitcode}")
+    try:
+        for cfg_dict, stop_after in runs:
+            processes.append((cfg_dict, _context().Process(target=_in_new_process, args=(cfg_dict, stop_after,
+                                                                                        free_port()))))
+            processes[-1][1].start()
+        for cfg_dict, process in processes:
+            process.join()
+            if process.exitcode != 0:
+                raise RuntimeError(f"the run in {cfg_dict['run_dir']} exited with {process.exitcode}")
+    finally:  # a deadline (gpu_deadline.DeadlineReached) or a failed run: none of the others runs on
+        for _, process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 def per_step(run_dir: Path) -> dict[int, tuple[float, float | None]]:
@@ -130,8 +152,9 @@ def compare(reference: dict, other: dict) -> dict:
             "per_step": {s: {"reference": reference[s], "other": other.get(s)} for s in steps}}
 
 
-def determinism_check(cfg: DeterminismConfig, out: Path) -> dict:
-    """Runs the four launches under `out` and compares; `passed` means bit-identical in both comparisons."""
+def determinism_check(cfg: DeterminismConfig, out: Path, on_progress=None) -> dict:
+    """Runs the four launches under `out` and compares; `passed` means bit-identical in both comparisons.
+    `on_progress(partial)` after the first three runs (the session writes it: a deadline may cut the resume)."""
     from mlmclm.data.prepare import prepare_embedded_corpus
 
     data = out / "data"
@@ -147,6 +170,10 @@ def determinism_check(cfg: DeterminismConfig, out: Path) -> dict:
         for name, run_dir, _ in group:
             seconds[name] = round(time.monotonic() - start, 1)
             statuses[name] = json.loads((run_dir / "run_status.json").read_text())
+        if on_progress is not None and "c resume" not in statuses:
+            on_progress({"config": asdict(cfg), "seconds": dict(seconds),
+                         "statuses": {n: (s["status"], s["step"]) for n, s in statuses.items()},
+                         "same_seed": compare(per_step(dirs["a"]), per_step(dirs["b"]))})
     stopped = statuses["c stop"]["status"] == "preempted" and statuses["c stop"]["step"] == cfg.stop_after
     a, b, c = (per_step(dirs[n]) for n in ("a", "b", "c"))
     same_seed, resumed = compare(a, b), compare(a, c)

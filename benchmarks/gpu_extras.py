@@ -48,12 +48,14 @@ class ExtrasConfig:
                    agreement_samples=2, agreement_steps=3, max_length=32)
 
 
-def worst_case_memory(cfg: ExtrasConfig, dtype: str) -> dict:
+def worst_case_memory(cfg: ExtrasConfig, dtype: str, on_head=None) -> dict:
+    """`on_head(out)` after each head's figures (the session writes them at once)."""
     tokens = cfg.worst_case_samples * cfg.worst_case_length
     out = {"model": cfg.worst_case_model, "tokens": tokens, "samples": cfg.worst_case_samples, "heads": {}}
     trainer = None
     try:
-        trainer = Trainer(cfg.worst_case_model, precision_for(dtype), cfg.seed)
+        trainer = Trainer(cfg.worst_case_model, precision_for(dtype), cfg.seed, max_row_tokens=tokens)
+        out["attention"] = trainer.attention
         trainer.use("clm")
         lengths = SampleLengths(cfg.worst_case_length, cfg.worst_case_length)  # every sample at its longest
         (item,) = random_length_inputs(trainer.objectives["clm"], trainer.model_cfg.vocab_size,
@@ -74,6 +76,10 @@ def worst_case_memory(cfg: ExtrasConfig, dtype: str) -> dict:
                 figures["status"] = f"failed: {type(err).__name__}: {str(err)[:300]}"
                 free_memory()
             out["heads"][head] = figures
+            if on_head is not None:
+                on_head(out)
+    except ValueError as err:  # refused by the library (local layers on rows too long for their mask)
+        out["refused"] = f"{type(err).__name__}: {str(err)[:300]}"
     except Exception as err:  # the model did not even build
         out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         traceback.print_exc()
@@ -102,7 +108,8 @@ def feature_table(cfg: ExtrasConfig, dtype: str, peak: float | None, deadline: f
         for name, kwargs in variants.items():
             if time.monotonic() > deadline:
                 raise TimeoutError("the section's time budget was spent building the variants")
-            trainers[name] = Trainer(cfg.feature_model, precision_for(dtype), cfg.seed, **kwargs)
+            trainers[name] = Trainer(cfg.feature_model, precision_for(dtype), cfg.seed,
+                                     max_row_tokens=cfg.feature_samples * cfg.max_length, **kwargs)
         first = trainers["defaults"]
         inputs = random_length_inputs(first.objectives["mlm"], first.model_cfg.vocab_size, cfg.feature_samples,
                                       SampleLengths(12 if cfg.max_length > 12 else 2, cfg.max_length), 3, cfg.seed)
@@ -143,14 +150,23 @@ def feature_table(cfg: ExtrasConfig, dtype: str, peak: float | None, deadline: f
     return out
 
 
-def precision_agreement(cfg: ExtrasConfig) -> dict:
+def precision_agreement(cfg: ExtrasConfig, deadline: float = float("inf")) -> dict:
+    """Stops at `deadline` (time.monotonic()) between builds and steps, with the losses so far ("not_reached")."""
     out = {"model": cfg.agreement_model, "steps": cfg.agreement_steps, "rtol": cfg.agreement_rtol,
            "fp32_losses": [], "bf16_losses": [], "max_rel_diff": None, "passed": False, "error": None}
     trainers = []
+
+    def in_time(what: str) -> None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the section's deadline came before {what}")
+
     try:
-        reference = Trainer(cfg.agreement_model, precision_for("fp32"), cfg.seed)
+        row_tokens = cfg.agreement_samples * cfg.max_length
+        in_time("the fp32 model was built")
+        reference = Trainer(cfg.agreement_model, precision_for("fp32"), cfg.seed, max_row_tokens=row_tokens)
         trainers.append(reference)
-        low = Trainer(cfg.agreement_model, precision_for("bf16"), cfg.seed)
+        in_time("the bf16 model was built")
+        low = Trainer(cfg.agreement_model, precision_for("bf16"), cfg.seed, max_row_tokens=row_tokens)
         trainers.append(low)
         copy_weights(reference, low)
         lengths = SampleLengths(12 if cfg.max_length > 12 else 2, cfg.max_length)
@@ -158,10 +174,14 @@ def precision_agreement(cfg: ExtrasConfig) -> dict:
             trainer.use("mlm")
             inputs = random_length_inputs(trainer.objectives["mlm"], trainer.model_cfg.vocab_size,
                                           cfg.agreement_samples, lengths, cfg.agreement_steps, cfg.seed + 1)
-            out[key] = [trainer.step(item).loss for item in inputs]
+            for item in inputs:
+                in_time(f"step {len(out[key]) + 1} of {key}")
+                out[key].append(trainer.step(item).loss)
         diffs = [abs(a - b) / abs(a) for a, b in zip(out["fp32_losses"], out["bf16_losses"])]
         out["max_rel_diff"] = max(diffs)
         out["passed"] = out["max_rel_diff"] <= cfg.agreement_rtol
+    except TimeoutError as err:  # not a failure: what was measured stays
+        out["not_reached"] = str(err)
     except Exception as err:
         out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         traceback.print_exc()

@@ -25,10 +25,13 @@ def _speed(data: dict) -> list[str]:
         lines.append(f"  skipped: {result['skipped']}")
     for r in result.get("rows", []):
         syncs = r.get("host_syncs_per_step")
-        lines.append(f"  {r['model']:<32}{r['precision']:<11}{r['objective']:<4} {r['layout']:<26}"
-                     f"{_num(r['tokens_per_s'], ',.0f'):>10} tok/s  MFU {_num(r['mfu'] and 100 * r['mfu'], '.1f'):>5}%"
+        lines.append(f"  {r['model']:<32}{r['precision']:<11}{r['objective']:<4} {r['layout']:<22}"
+                     f"attention {str(r.get('attention')):<10}"
+                     f"{_num(r['tokens_per_s'], ',.0f'):>10} tok/s"
+                     f"  MFU {_num(r['mfu'] and 100 * r['mfu'], '.1f'):>5}%"
                      f"  {_num(r['peak_memory_gib'], '.1f'):>6} GiB  syncs {syncs if syncs is not None else '-'}"
-                     f"  FP8 attn {r.get('fp8_attention')}  {r['status']}{': ' + r['reason'] if r['reason'] else ''}")
+                     f"  FP8 attn {r.get('fp8_attention')}  wgrad {r.get('wgrad')}  built ahead "
+                     f"{r.get('built_ahead')}  {r['status']}{': ' + r['reason'] if r['reason'] else ''}")
     for ratio in result.get("fp8_over_bf16", []):
         lines.append(f"  {ratio['precision']}/bf16 {ratio['model']} {ratio['objective']}: {ratio['fp8_over_bf16']:.2f}x")
     return lines
@@ -36,8 +39,10 @@ def _speed(data: dict) -> list[str]:
 
 def _memory(data: dict) -> list[str]:
     result = data["result"]
-    lines = [f"  {result.get('model')} CLM, {result.get('samples')} samples, {result.get('tokens')} tokens"
-             + (f": {result['error']}" if result.get("error") else "")]
+    lines = [f"  {result.get('model')} CLM, {result.get('samples')} samples, {result.get('tokens')} tokens, "
+             f"attention {result.get('attention')}"
+             + (f": {result['error']}" if result.get("error") else "")
+             + (f": refused: {result['refused']}" if result.get("refused") else "")]
     for head, f in result.get("heads", {}).items():
         lines.append(f"  {head} head: measured {_num(f.get('measured_gib'), '.1f')} GiB, estimated "
                      f"{_num(f.get('estimated_gib'), '.1f')} GiB -> {f.get('status')}")
@@ -55,16 +60,25 @@ def _determinism(data: dict) -> list[str]:
     return lines + [f"  passed: {result.get('passed')} {result.get('error') or ''}"]
 
 
+def _verdict(check: dict) -> str:
+    if check["ok"] is None:
+        return "NOT REACHED" if check.get("not_reached") else "SKIP"
+    return "PASS" if check["ok"] else "FAIL"
+
+
 def _checks(data: dict) -> list[str]:
-    return [f"  [{'SKIP' if c['ok'] is None else 'PASS' if c['ok'] else 'FAIL'}] {c['check']}"
-            + (f": {c['skipped']}" if c.get("skipped") else "") for c in data["result"].get("checks", [])]
+    return [f"  [{_verdict(c)}] {c['check']}" + (f": {c.get('skipped') or c.get('not_reached')}"
+                                                  if c.get("skipped") or c.get("not_reached") else "")
+            for c in data["result"].get("checks", [])]
 
 
 def _features(data: dict) -> list[str]:
     result = data["result"]
     agreement = result.get("bf16_vs_fp32", {})
+    verdict = ("PASS" if agreement.get("passed") else "NOT REACHED: " + agreement["not_reached"]
+               if agreement.get("not_reached") else "FAIL " + str(agreement.get("error") or ""))
     lines = [f"  bf16 vs fp32: max relative loss difference {_num(agreement.get('max_rel_diff'), '.4f')} -> "
-             f"{'PASS' if agreement.get('passed') else 'FAIL ' + str(agreement.get('error') or '')}"]
+             f"{verdict}"]
     table = result.get("features", {})
     for row in table.get("rows", []):
         lines.append(f"  {row['variant']:<30}{row['tokens_per_s']:>10,.0f} tok/s  defaults {row['defaults_speedup']:.2f}x")
@@ -99,4 +113,6 @@ def report(out: Path) -> str:
             lines.append(f"  (incomplete: {type(err).__name__} {err})")
         if data["result"].get("error"):
             lines.append(f"  error: {data['result']['error']}")
+        if data["result"].get("not_reached"):
+            lines.append(f"  not reached: {data['result']['not_reached']}")
     return "\n".join(lines)

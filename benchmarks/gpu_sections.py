@@ -1,7 +1,10 @@
 """What each section of the GPU session runs (benchmarks/gpu_session.py calls `run_section`, one per process).
 
-Each returns (status, result) and may call `write(result)` as it goes; `deadline` (time.monotonic()) is when it
-must be done. On a machine without CUDA every section runs its CPU dry-run shapes and says so ("mode").
+Each returns (status, result) and calls `write(result)` after every piece of work it can cut (a row, a head, a
+run, a check), so that what is measured is on disk the moment it is; `deadline` (time.monotonic()) is when it must
+be done: it checks it between pieces, and gpu_deadline cuts a piece that outlasts it (the section then ends "not
+reached" with what it last wrote). On a machine without CUDA every section runs its CPU dry-run shapes and says so
+("mode").
 """
 from __future__ import annotations
 
@@ -86,7 +89,11 @@ def speed_bf16(out, deadline, write) -> tuple[str, dict]:
         result["rows"] = [asdict(r) for r in rows]
         write(result)
 
-    rows = run_rows(cfg, bf16_plan(cfg), peak, deadline, on_row)
+    work = _work_dir("speed_bf16")
+    try:
+        rows = run_rows(cfg, bf16_plan(cfg), peak, deadline, on_row, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     on_row(rows)
     target = next((r for r in rows if r.model == "eurobert-1b" and r.objective == "mlm" and r.status == "ok"), None)
     result["goal_bf16_mfu_1b_mlm"] = {"target": GOAL_BF16_MFU, "measured": None if target is None else target.mfu}
@@ -112,7 +119,11 @@ def speed_fp8(out, deadline, write) -> tuple[str, dict]:
         result["rows"] = [asdict(r) for r in rows]
         write(result)
 
-    rows = run_rows(cfg, fp8_plan(cfg), peak, deadline, on_row)
+    work = _work_dir("speed_fp8")
+    try:
+        rows = run_rows(cfg, fp8_plan(cfg), peak, deadline, on_row, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     on_row(rows)
     bf16 = out / "speed_bf16.json"
     baseline = json.loads(bf16.read_text())["result"]["rows"] if bf16.exists() else []
@@ -132,8 +143,13 @@ def memory(out, deadline, write) -> tuple[str, dict]:
     from gpu_extras import worst_case_memory
 
     _parallel()
-    result = {"mode": _mode(), **worst_case_memory(_extras_cfg(), "bf16" if _mode() == "gpu" else "fp32")}
-    return ("ok" if result["ok"] else "failed"), result
+    result = {"mode": _mode()}
+
+    def on_head(figures):
+        write({**result, **figures})
+
+    result.update(worst_case_memory(_extras_cfg(), "bf16" if _mode() == "gpu" else "fp32", on_head))
+    return ("ok" if result["ok"] or "refused" in result else "failed"), result
 
 
 def determinism(out, deadline, write) -> tuple[str, dict]:
@@ -142,7 +158,7 @@ def determinism(out, deadline, write) -> tuple[str, dict]:
     cfg = DeterminismConfig(steps=12, switch=4, stop_after=6) if _mode() == "gpu" else DeterminismConfig.smoke()
     work = _work_dir("determinism")
     try:
-        result = {"mode": _mode(), **determinism_check(cfg, work)}
+        result = {"mode": _mode(), **determinism_check(cfg, work, lambda part: write({"mode": _mode(), **part}))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return ("ok" if result["passed"] else "failed"), result
@@ -171,10 +187,13 @@ def features(out, deadline, write) -> tuple[str, dict]:
 
     cfg, (peak, _) = _extras_cfg(), _peak("bf16")
     _parallel()
-    result = {"mode": _mode(), "bf16_vs_fp32": precision_agreement(cfg)}
+    result = {"mode": _mode(), "bf16_vs_fp32": precision_agreement(cfg, deadline)}
     write(result)
+    agreement = result["bf16_vs_fp32"]
+    if "not_reached" in agreement:
+        return "not reached", result
     result["features"] = feature_table(cfg, "bf16" if _mode() == "gpu" else "fp32", peak, deadline)
-    failed = result["bf16_vs_fp32"]["error"] or not result["bf16_vs_fp32"]["passed"] or "error" in result["features"]
+    failed = agreement["error"] or not agreement["passed"] or "error" in result["features"]
     return ("failed" if failed else "ok"), result
 
 

@@ -10,10 +10,12 @@
 # export), features (the rest). Every timeout, its kill-after and this script's own steps add up to at most
 # gpu_session.BUDGET_S = 540 s (tests/benchmarks/test_gpu_session.py checks it).
 #
-# Each section runs in its own process under `timeout` (SIGTERM, then SIGKILL, to its whole process group) and writes
-# OUT_DIR/<section>.json the moment it ends (the long ones also after every row); OUT_DIR/summary.json says at
+# Each section runs in its own process under `timeout` (SIGTERM, then SIGKILL, to its whole process group), stops
+# itself before its timeout (benchmarks/gpu_deadline.py: "not reached", never "failed") and writes
+# OUT_DIR/<section>.json the moment it ends (and after every piece of work it can cut); OUT_DIR/summary.json says at
 # every moment which sections ended, how long they took, and which did not run. A kill at any moment leaves all
-# finished sections on disk. Logs: OUT_DIR/session.log and OUT_DIR/<section>.log.
+# finished sections on disk. OUT_DIR holds nothing else (the device returns at most 8 files): logs go to
+# $GPU_SESSION_WORK/logs (each section's JSON carries its log's tail), as do the install status and scratch.
 #
 # With WHEEL_DIR(s), their wheels are installed in ONE pip call into /tmp/mlmclm_site (with --target a second call
 # would replace transformer_engine/ and drop the other wheel's half of it); without, the Python in use must already
@@ -23,7 +25,10 @@ set -u
 OUT=${1:?usage: gpu_session.sh OUT_DIR [WHEEL_DIR ...]}
 shift
 mkdir -p "$OUT"
-exec > >(tee -a "$OUT/session.log") 2>&1
+export GPU_SESSION_WORK=${GPU_SESSION_WORK:-$(mktemp -d /tmp/mlmclm_gpu_session.XXXXXX)}
+LOGS=$GPU_SESSION_WORK/logs
+mkdir -p "$LOGS"
+exec > >(tee -a "$LOGS/session.log") 2>&1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -52,21 +57,21 @@ if [ $# -gt 0 ]; then
   rc=$?
   status=ok; [ $rc -eq 0 ] || status="failed (exit $rc)"
   printf '{"status": "%s", "seconds": %d, "wheels": %d}\n' "$status" $(( $(date +%s) - t0 )) ${#wheels[@]} \
-    > "$OUT/install.json"
+    > "$GPU_SESSION_WORK/install.json"
   [ $rc -eq 0 ] || { echo "wheel installation failed (exit $rc): nothing else can run"; exit 3; }
   export PYTHONPATH="$SITE:$PYTHONPATH"
 else
-  printf '{"status": "not needed", "seconds": 0, "wheels": 0}\n' > "$OUT/install.json"
+  printf '{"status": "not needed", "seconds": 0, "wheels": 0}\n' > "$GPU_SESSION_WORK/install.json"
 fi
 
 while read -r kind name seconds; do
   [ "$kind" = section ] || continue
   elapsed "section $name (timeout $seconds s)"
   timeout -k "$kill_after" "$seconds" "$PY" "$HERE/gpu_session.py" run "$name" --out "$OUT" \
-    --budget-s $(( seconds - margin )) < /dev/null > "$OUT/$name.log" 2>&1
+    --budget-s $(( seconds - margin )) < /dev/null > "$LOGS/$name.log" 2>&1
   rc=$?
   [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "$name: stopped by its timeout ($seconds s)"
-  tail -n 3 "$OUT/$name.log"
+  tail -n 3 "$LOGS/$name.log"
 done <<< "$plan"
 elapsed "done"
 timeout 5 "$PY" "$HERE/gpu_session.py" finish "$OUT"

@@ -6,7 +6,8 @@
     (the GPU session runs `run_checks` as its train_check section, --quick, under its deadline)
 
 What the CPU test suite cannot show, checked on the device with the tiny model (correctness, not speed), in order
-of value — with a deadline, what is left when it comes is recorded as skipped (ok None), never silently dropped:
+of value — with a deadline, a check that would not fit is recorded as skipped and one the deadline cut as not
+reached (ok None both: a deadline is never a failure), never silently dropped:
 1. `python -m mlmclm.parallel.torchrun` (1 rank, NCCL) trains CLM -> MLM in bf16, stopped by SIGTERM to our
    wrapper (exit 75 expected; without --quick also SIGUSR1 to plain torchrun with the Slurm executor's signal
    list), then finished; without --quick every step's loss is compared with an uninterrupted reference run
@@ -14,7 +15,8 @@ of value — with a deadline, what is left when it comes is recorded as skipped 
    exit; with TE, the checkpoint's real `_extra_state` keys are listed;
 2. with TE, side by side with 1: an FP8 delayed-scaling run stopped and resumed (its extra state through our checkpoint guard and TE
    >= 2.18's refusal rule), and an FP8 tensorwise run; losses finite;
-3. `tools/convert_to_hf.py --verify` on the final checkpoint, then the export loaded by `transformers` on the GPU;
+3. `tools/convert_to_hf.py --verify` on the checkpoint the stop saved, side by side with the resume (each launch
+   costs ~45 s on a GPU: docs/gpu.md), then the export loaded by `transformers` on the GPU;
 4. per-document attention equals each document alone (logits, bf16 tolerance), CLM and MLM: the local layers'
    block-diagonal mask, and with TE the THD packed format (not testable on CPU);
 5. without --quick: the TE checkpoint resumed on megatron's local layers.
@@ -37,11 +39,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import gpu_deadline  # noqa: E402
 from mlmclm import quiet  # noqa: E402
 
 quiet.install()
 
 SEQ, TOTAL, SWITCH = 128, 12, 4
+# What one `python -m mlmclm.parallel.torchrun` launch costs before its first step: ~45 s measured on the H200
+# (docs/gpu.md: interpreter, imports, NCCL, model build, torch.compile of the fused kernels); a tiny model's steps
+# then take seconds. A check is started only when its launch and steps fit before the deadline.
+LAUNCH_S = 45
+RUN_S = 15     # the tiny model's steps, a save and the exit
+EXPORT_S = 30  # convert_to_hf --verify of the tiny model
 SLURM_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # what cluster/executors.py gives torchrun
 
 
@@ -85,6 +94,11 @@ class Checks:
         self.record(name, None, skipped=f"the time budget was spent (needs ~{seconds:.0f} s)")
         return False
 
+    def not_reached(self, name: str, **detail) -> bool:
+        """A check the deadline cut: its process was killed (never a failure: the run did nothing wrong)."""
+        self.record(name, None, not_reached="the section's deadline came before it ended", **detail)
+        return False
+
     def left(self) -> float:
         return max(1.0, self.deadline - time.monotonic())
 
@@ -103,6 +117,7 @@ def launch(cfg: dict, out: Path, name: str, wrapper: bool = True, cpu: bool = Fa
     proc = subprocess.Popen(agent + ["--standalone", "--nproc-per-node", "1", "-m", "mlmclm.train", str(path)],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                             start_new_session=True)  # its own group: a deadline kills agent and ranks together
+    gpu_deadline.started_group(proc.pid)  # and so does the end of the section, whatever ends it
     return proc, log
 
 
@@ -129,9 +144,14 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait()
         return None
+    finally:
+        gpu_deadline.ended_group(proc.pid)
 
 
 def run_to_end(checks: Checks, name: str, cfg: dict, out: Path, cpu: bool) -> bool:
@@ -139,6 +159,8 @@ def run_to_end(checks: Checks, name: str, cfg: dict, out: Path, cpu: bool) -> bo
     start = time.monotonic()
     code = _wait(proc, checks.left())
     run_dir = Path(cfg["run_dir"])
+    if code is None:
+        return checks.not_reached(name, steps=logged_steps(run_dir), seconds=round(time.monotonic() - start, 1))
     ok = code == 0 and logged_steps(run_dir) == cfg["total_steps"]
     losses = [loss_of(r) for r in metrics(run_dir).values()] if (run_dir / "metrics.jsonl").exists() else []
     finite = bool(losses) and all(math.isfinite(x) for x in losses)
@@ -159,8 +181,9 @@ def interrupt(checks: Checks, name: str, cfg: dict, out: Path, after_step: int, 
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            gpu_deadline.ended_group(proc.pid)
             if late:
-                checks.record(name, None, skipped=f"the time budget was spent before step {after_step}")
+                checks.not_reached(name, steps=logged_steps(run_dir), waiting_for_step=after_step)
             else:
                 checks.record(name, False, reason=f"no step {after_step} before the run ended", log_tail=tail(log))
             return None
@@ -169,6 +192,9 @@ def interrupt(checks: Checks, name: str, cfg: dict, out: Path, after_step: int, 
     proc.send_signal(sig)
     code = _wait(proc, checks.left())
     seconds = round(time.monotonic() - sent, 2)
+    if code is None:
+        checks.not_reached(name, signal=signal.Signals(sig).name, seconds_after_signal=seconds)
+        return None
     status_file = run_dir / "run_status.json"
     status = json.loads(status_file.read_text()) if status_file.exists() else {"status": "none", "step": None}
     expected = 75 if wrapper else None
@@ -193,8 +219,8 @@ def export(checks: Checks, name: str, run_dir: Path, out_dir: Path) -> bool:
         try:
             code = subprocess.call([sys.executable, "tools/convert_to_hf.py", str(run_dir), str(out_dir), "--verify"],
                                    stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, timeout=checks.left())
-        except subprocess.TimeoutExpired:
-            code = None
+        except subprocess.TimeoutExpired:  # subprocess.call killed it
+            return checks.not_reached(name)
     return checks.record(name, code == 0, exit_code=code, log_tail=tail(log, 2000))
 
 
@@ -229,32 +255,45 @@ def _bf16_chain(checks: Checks, out: Path, data: Path, cpu: bool, quick: bool) -
     from mlmclm.train import checkpoint as ckpt
 
     reference = out / "reference"
-    if not quick and checks.due("reference run (torchrun, 1 rank, bf16)", 20):
+    if not quick and checks.due("reference run (torchrun, 1 rank, bf16)", LAUNCH_S + RUN_S):
         run_to_end(checks, "reference run (torchrun, 1 rank, bf16)", config(reference, data), out, cpu)
     run_dir = out / "interrupted"
     cfg, stopped = config(run_dir, data), None
-    if checks.due("SIGTERM to mlmclm.parallel.torchrun", 20):
+    if checks.due("SIGTERM to mlmclm.parallel.torchrun", LAUNCH_S + RUN_S):
         stopped = interrupt(checks, "SIGTERM to mlmclm.parallel.torchrun", cfg, out, 5, signal.SIGTERM, True, cpu)
-    if stopped is not None and not quick and checks.due("SIGUSR1 to plain torchrun (Slurm signals)", 20):
+    if stopped is not None and not quick and \
+            checks.due("SIGUSR1 to plain torchrun (Slurm signals)", LAUNCH_S + RUN_S):
         stopped = interrupt(checks, "SIGUSR1 to plain torchrun (Slurm signals)", cfg, out, stopped + 3,
                             signal.SIGUSR1, False, cpu)
-    if stopped is None or not checks.due("resumed to the end", 20):
+    if stopped is None:
         return
-    if not run_to_end(checks, "resumed to the end", cfg, out, cpu):
-        return
-    if not quick:
-        compare_losses(checks, "stopped and resumed vs uninterrupted: every step's loss", run_dir, reference)
-    if transformer_engine_available()[0]:
-        keys = te_extra_state_keys(ckpt.latest_checkpoint(run_dir / "checkpoints"))
-        checks.record("TE checkpoint _extra_state keys", True, count=len(keys), sample=keys[:6])
-    if checks.due("convert_to_hf --verify", 30) and export(checks, "convert_to_hf --verify", run_dir, out / "hf"):
-        load_export_on_device(checks, out / "hf")
-    if not quick and transformer_engine_available()[0] and \
-            checks.due("TE checkpoint resumed on local layers (+4 steps)", 25):
-        # The TE checkpoint continued on local layers (use_te may change on resume): strict keys on real TE.
-        longer = config(run_dir, data, total=TOTAL + 4, use_te=False,
-                        checkpoint={"save_interval": 4, "allow_resume_changes": ["total_steps", "phases", "schedule"]})
-        run_to_end(checks, "TE checkpoint resumed on local layers (+4 steps)", longer, out, cpu)
+    # The export reads the checkpoint the stop saved while the resume runs (no checkpoint is pruned: keep_last is
+    # unset): two launches side by side instead of one after the other.
+    saved = run_dir / "checkpoints" / f"iter_{stopped:07d}"
+    exporting = None
+    if checks.due("convert_to_hf --verify", EXPORT_S):
+        exporting = threading.Thread(target=lambda: export(checks, "convert_to_hf --verify", saved, out / "hf")
+                                     and load_export_on_device(checks, out / "hf"), name="export")
+        exporting.start()
+    try:
+        if not checks.due("resumed to the end", LAUNCH_S + RUN_S) or \
+                not run_to_end(checks, "resumed to the end", cfg, out, cpu):
+            return
+        if not quick:
+            compare_losses(checks, "stopped and resumed vs uninterrupted: every step's loss", run_dir, reference)
+        if transformer_engine_available()[0]:
+            keys = te_extra_state_keys(ckpt.latest_checkpoint(run_dir / "checkpoints"))
+            checks.record("TE checkpoint _extra_state keys", True, count=len(keys), sample=keys[:6])
+        if not quick and transformer_engine_available()[0] and \
+                checks.due("TE checkpoint resumed on local layers (+4 steps)", LAUNCH_S + RUN_S):
+            # The TE checkpoint continued on local layers (use_te may change on resume): strict keys on real TE.
+            longer = config(run_dir, data, total=TOTAL + 4, use_te=False,
+                            checkpoint={"save_interval": 4,
+                                        "allow_resume_changes": ["total_steps", "phases", "schedule"]})
+            run_to_end(checks, "TE checkpoint resumed on local layers (+4 steps)", longer, out, cpu)
+    finally:
+        if exporting is not None:
+            exporting.join()
 
 
 FP8 = {"dtype": "bf16", "fp8": "hybrid", "fp8_recipe": "delayed"}
@@ -265,14 +304,14 @@ def _fp8_delayed_chain(checks: Checks, out: Path, data: Path, cpu: bool, quick: 
     and TE >= 2.18's refusal rule (which our loader opens for vetted payloads only)."""
     cfg = config(out / "fp8_delayed", data, total=8, switch=3, use_te=True, precision=FP8,
                  checkpoint={"save_interval": 2})
-    if checks.due("FP8 delayed stopped by SIGTERM", 20):
+    if checks.due("FP8 delayed stopped by SIGTERM", LAUNCH_S + RUN_S):
         if interrupt(checks, "FP8 delayed stopped by SIGTERM", cfg, out, 4, signal.SIGTERM, True, cpu) is not None:
-            if checks.due("FP8 delayed resumed (extra state through the guard)", 20):
+            if checks.due("FP8 delayed resumed (extra state through the guard)", LAUNCH_S + RUN_S):
                 run_to_end(checks, "FP8 delayed resumed (extra state through the guard)", cfg, out, cpu)
 
 
 def _fp8_tensorwise_chain(checks: Checks, out: Path, data: Path, cpu: bool, quick: bool) -> None:
-    if checks.due("FP8 tensorwise (8 steps)", 20):
+    if checks.due("FP8 tensorwise (8 steps)", LAUNCH_S + RUN_S):
         cfg = config(out / "fp8_tensorwise", data, total=8, switch=3, use_te=True,
                      precision={**FP8, "fp8_recipe": "tensorwise"})
         run_to_end(checks, "FP8 tensorwise (8 steps)", cfg, out, cpu)

@@ -1,7 +1,10 @@
 """What the GPU checks train with: one model, its DDP wrapper, optimizer and scheduler (`Trainer`), stepping through
 the training step `pretrain` runs (`mlmclm.train.step.train_step`, its stop flag included), and the batches it is
 fed — as training makes them: random-length samples laid end to end (the paper's recipe, packed THD segments on TE
-layers with the fused RoPE; the training default) or fixed padded rows (what FP8 attention needs).
+layers with the fused RoPE; the training default) or fixed padded rows (what FP8 attention needs). The speed rows
+take them through pretrain's own batch path (`PretrainBatches`: the run's loaders over a dataset on disk, each
+step's batches built ahead on the prefetch thread, then copied to the device as pretrain copies them); the memory
+and comparison sections put a few micro-batches on the device once (`random_length_inputs`).
 
 Benchmarks may touch torch.cuda (the library may not): the device helpers are here too.
 """
@@ -12,11 +15,14 @@ import math
 import resource
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from mlmclm.data.random_length import SampleLengths, sample_lengths
 from mlmclm.model import PrecisionConfig, build_model, preset, set_causal
+from mlmclm.model.build import attention_path
 from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
 from mlmclm.model.document_attention import DocumentLayout, attention_layout
 from mlmclm.model.sparse_head import flat_positions
@@ -92,11 +98,11 @@ def precision_for(name: str, fp8_attention: str = "auto") -> PrecisionConfig:
 
 @dataclass
 class StepInput:
-    """One micro-batch on the device, as train_step takes it, and the real tokens it holds."""
+    """One step's micro-batches on the device, as train_step takes them, and the real tokens they hold."""
 
-    batch: object
+    batches: list
     positions: list | None
-    layout: DocumentLayout | None
+    layouts: list | None
     lengths: list[int]  # the samples' lengths (fixed rows: the row length, once per row)
 
 
@@ -134,8 +140,80 @@ def padded_inputs(objective, vocab: int, rows: int, seq: int, count: int, seed: 
 def _on_device(batch, layout, lengths) -> StepInput:
     positions = None if batch.causal else flat_positions([batch.loss_mask])  # found on the host, as pretrain does
     device = current_device()
-    return StepInput(batch.to(device), None if positions is None else [p.to(device) for p in positions],
-                     None if layout is None else layout.to(device), lengths)
+    return StepInput([batch.to(device)], None if positions is None else [p.to(device) for p in positions],
+                     None if layout is None else [layout.to(device)], lengths)
+
+
+def synthetic_dataset(work: Path, vocab: int, seq_length: int, rows: int, seed: int) -> Path:
+    """A prepared dataset of `rows` rows of random token ids (one document per row) in the model's vocabulary, as
+    `prepare_data` lays one out: what the speed rows' loaders read (made once per work folder and shape)."""
+    from mlmclm.data.manifest import Manifest
+    from mlmclm.data.shards import write_shard
+
+    out = work / f"synthetic_v{vocab}_s{seq_length}_r{rows}_{seed}"
+    if (out / "manifest.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokens = np.random.default_rng(seed).integers(len(SPECIAL_IDS), vocab, (rows, seq_length), dtype=np.int64)
+    info = write_shard(out / "shard-000000.tar", [(tokens.astype(np.int32), np.zeros(0, dtype=np.int64))], PAD_ID)
+    tokenizer = {"name": "synthetic-random", "vocab_size": vocab, "pad_id": PAD_ID, "bos_id": 1, "eos_id": 2,
+                 "mask_id": MASK_ID}
+    Manifest(seq_length=seq_length, num_samples=rows, num_tokens=info.num_tokens, tokenizer=tokenizer,
+             shards=[info], num_documents=rows, dtype="int32",
+             command="benchmarks/gpu_trainer.synthetic_dataset").save(out)
+    return out
+
+
+class PretrainBatches:
+    """Step inputs through pretrain's own batch path: the run's loaders (`PhaseLoaders`: random-length samples cut
+    from prepared rows, or whole rows) over a dataset on disk, each step's batches built one step ahead on the
+    prefetch thread (`StepBatches`), then `HostStep.to(device)`: the pinned, non-blocking copies pretrain makes —
+    so that a timed step pays what a training step pays for its batches. `built_ahead`: the steps whose batch the
+    thread had ready."""
+
+    def __init__(self, trainer: "Trainer", objective: str, samples: int, lengths: SampleLengths | None,
+                 steps: int, seed: int, work: Path, precision: PrecisionConfig, row_length: int | None = None):
+        from mlmclm.train.config import TrainConfig
+        from mlmclm.train.phase_data import PhaseLoaders, padding
+        from mlmclm.train.prefetch import StepBatches
+
+        seq = lengths.max_length if lengths is not None else row_length
+        rows = steps * samples + 8  # enough for every step even at the longest lengths: no epoch wraps mid-run
+        path = synthetic_dataset(work, trainer.model_cfg.vocab_size, seq, rows, seed)
+        data = {"path": str(path)}
+        if lengths is not None:
+            data["random_length"] = {"min_length": lengths.min_length, "max_length": lengths.max_length}
+        cfg = TrainConfig.from_dict({
+            "run_dir": str(work / "run"), "model": {"preset": trainer.model_name, **trainer.shape}, "data": data,
+            "phases": [{"objective": {"kind": objective}, "steps": steps}], "total_steps": steps,
+            "global_batch_size": samples, "micro_batch_size": samples, "seed": seed,
+            "precision": precision_dict(precision), "sparse_mlm_head": trainer.sparse_head,
+            "head_chunk_tokens": trainer.head_chunk_tokens})
+        self.data = PhaseLoaders(cfg, 0, 1, **padding(cfg))
+        self.batches = StepBatches(cfg, self.data, self.data.manifest.tokenizer, 0, steps)
+        self.step = 0
+
+    @property
+    def built_ahead(self) -> int:
+        return self.batches.built_ahead
+
+    def next(self) -> StepInput:
+        host = self.batches.get(self.step)
+        self.step += 1
+        batches, predicted, documents = host.to(current_device())
+        lengths = host.lengths.tolist() if host.lengths is not None else \
+            [batch.input_ids.shape[1] for batch in host.batches for _ in range(batch.input_ids.shape[0])]
+        return StepInput(batches, predicted, documents, lengths)
+
+    def close(self) -> None:
+        self.batches.close()
+        self.data.close()
+
+
+def precision_dict(precision: PrecisionConfig) -> dict:
+    from mlmclm import config_io
+
+    return config_io.to_dict(precision)
 
 
 # ---- the trainer -----------------------------------------------------------------------------------------------
@@ -146,7 +224,11 @@ class Trainer:
 
     def __init__(self, model_name: str, precision: PrecisionConfig, seed: int, packed_segments: bool = True,
                  sparse_head: bool = True, fused_kernels: bool = True, manual_gc_interval: int = 100,
-                 head_chunk_tokens: int = DEFAULT_CHUNK_TOKENS, deterministic: bool = False, **shape):
+                 head_chunk_tokens: int = DEFAULT_CHUNK_TOKENS, deterministic: bool = False,
+                 max_row_tokens: int | None = None, rows: int = 1, **shape):
+        """`max_row_tokens` (`rows` per micro-batch): the longest row it will train on — local layers on packed
+        segments too long for their mask are refused as pretrain refuses them (mlmclm.model.build)."""
+        self.model_name, self.shape = model_name, shape
         self.model_cfg = preset(model_name, **shape)
         self.sparse_head, self.head_chunk_tokens = sparse_head, head_chunk_tokens
         self.manual_gc = ManualGC(manual_gc_interval)
@@ -154,7 +236,8 @@ class Trainer:
         torch.manual_seed(seed)
         self.chunks = build_model(self.model_cfg, ParallelConfig(), precision, causal=False,
                                   fused_kernels=fused_kernels, packed_segments=packed_segments,
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, max_row_tokens=max_row_tokens, rows=rows)
+        self.attention = attention_path(self.chunks)  # what was built: a TE fallback to local layers says "local"
         self.fp8_attention = bool(getattr(self.chunks[0].config, "fp8_dot_product_attention", False))
         self.ddp = wrap_ddp(self.chunks, distributed_optimizer=True)
         opt_cfg = OptimizerConfig(lr=1e-4)  # small and constant: the checks measure speed, not learning
@@ -180,9 +263,9 @@ class Trainer:
         else:
             gc.enable()
         chunk = self.head_chunk_tokens if head_chunk_tokens is None else head_chunk_tokens
-        result = train_step(self.ddp, self.optimizer, self.scheduler, [item.batch], sparse_head=self.sparse_head,
+        result = train_step(self.ddp, self.optimizer, self.scheduler, item.batches, sparse_head=self.sparse_head,
                             predicted_positions=item.positions, stop_flag=self.stop.agreed_flag,
-                            documents=None if item.layout is None else [item.layout], head_chunk_tokens=chunk)
+                            documents=item.layouts, head_chunk_tokens=chunk)
         self.steps_done += 1
         self.manual_gc.step(self.steps_done)
         if result.skipped or not math.isfinite(result.loss):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mlmclm.data.manifest import Manifest
+from mlmclm.data.remote import InFlightReads
 from mlmclm.data.shards import ShardError, document_ids, read_shard_starts
 from mlmclm.data.tokenizer import check_same_tokenizer, check_token_ids
 
@@ -88,6 +89,7 @@ class PackedLoader:
         self._cache_sizes: dict[int, int] = {}   # bytes of the cached shards that have been used (so are done)
         self._rows_cache: dict[tuple[int, int], np.ndarray] = {}  # (epoch, shard) -> row order
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch") if cfg.prefetch else None
+        self._reads = InFlightReads()   # close() abandons them: a stopping run does not wait for a stalled server
 
     # --- the stream --------------------------------------------------------------------------------------
 
@@ -115,7 +117,7 @@ class PackedLoader:
         info = self.manifest.shards[shard]
         seq_length = self.manifest.seq_length
         tokens, starts = read_shard_starts(self.manifest.shard_url(info.name), info, seq_length, self._pad_id,
-                                           self.manifest.dtype, self._vocab_size)
+                                           self.manifest.dtype, self._vocab_size, self._reads)
         if tokens.base is not None:   # a view of the file's mapping or buffer: own the data while it is cached
             tokens = tokens.copy()
         # A row holds at most S documents: int16 is exact up to S = 32768 (a quarter of int64's memory).
@@ -285,6 +287,9 @@ class PackedLoader:
             del self._cache[shard]   # read failures are retried; validated shards stay cached
 
     def close(self) -> None:
+        """Stops reading: a read in flight (on the prefetch thread, or a batch being built ahead on another) is
+        abandoned, not waited for — its thread then ends, and so can the process."""
+        self._reads.abandon()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._cache.clear()

@@ -12,7 +12,7 @@ import numpy as np
 from mlmclm.atomic_write import atomic_file
 from mlmclm.bounded_read import FileRefusedError, open_regular_file
 from mlmclm.data.manifest import ShardInfo, is_url
-from mlmclm.data.remote import read_stream, shard_limit
+from mlmclm.data.remote import InFlightReads, read_stream, shard_limit
 
 TOKENS, DOC_STARTS = "tokens.npy", "doc_starts.npy"
 
@@ -81,12 +81,14 @@ def read_shard(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
 
 
 def read_shard_starts(url: str, info: ShardInfo, seq_length: int, pad_id: int | None,
-                      dtype: str | None = None, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      dtype: str | None = None, vocab_size: int | None = None,
+                      reads: InFlightReads | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Like `read_shard`, but returns the flat document starts (int64, as stored) instead of document ids, and
-    tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way."""
+    tokens may be a view of the file's mapping or buffer. Validated against the manifest the same way. `reads`:
+    the caller's reads in flight, which it may abandon (a URL's or command's; a local file is read at once)."""
     try:
         limit = shard_limit(info.num_samples, seq_length, np.dtype(TOKEN_DTYPES.get(dtype, np.int32)).itemsize)
-        tokens, starts = _read_blocks(url, seq_length, limit)
+        tokens, starts = _read_blocks(url, seq_length, limit, reads)
     except ShardError:
         raise
     except FileRefusedError as err:   # a FIFO, a device, more bytes than the manifest allows: its message names it
@@ -152,11 +154,12 @@ def _npy_view(data: bytes, offset: int, size: int, what: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, count=count, offset=offset + head.tell()).reshape(shape)
 
 
-def _read_blocks(url: str, seq_length: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_blocks(url: str, seq_length: int, limit: int, reads: InFlightReads | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Read the whole shard into memory once, then take its arrays as views of that buffer. At most `limit` bytes
     (what its manifest entry says it holds, plus headers): a larger shard, a FIFO or a device is refused."""
     if is_url(url):
-        data = read_stream(url, limit, "shard")
+        data = read_stream(url, limit, "shard", reads)
         index = io.BytesIO(data)  # shares `data`, no copy
     else:  # map local files: the arrays are then views of the page cache, not copies
         index = open_regular_file(url, limit, "shard")

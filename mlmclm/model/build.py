@@ -12,6 +12,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mlmclm.model.config import ModelConfig
+from mlmclm.model.document_attention import check_local_packed_attention
 from mlmclm.model.fusions import fusion_flags
 from mlmclm.model.precision import (PrecisionConfig, attention_layout_name, fp8_attention_here, fp8_recipe_error,
                                     installed_te_version, transformer_engine_available)
@@ -106,13 +107,16 @@ def resolve_use_te(requested: bool | None) -> bool:
 
 def build_model(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig | None = None,
                 causal: bool = False, use_te: bool | None = None, fused_kernels: bool = True,
-                deterministic: bool = False, packed_segments: bool = False) -> list[GPTModel]:
+                deterministic: bool = False, packed_segments: bool = False, max_row_tokens: int | None = None,
+                rows: int = 1) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), on the current device.
 
     `causal` picks the initial attention; `set_causal` switches it later without rebuilding anything.
     `fused_kernels=False` switches every megatron fused kernel off (else each is on where it can run).
     `packed_segments`: every batch is cut into segments (random-length samples, per-document attention): TE layers
     get them as THD, local layers as an explicit mask that already holds the causal triangle (see `set_causal`).
+    `max_row_tokens` (`rows` rows per micro-batch): the longest row the model will see; local layers on packed
+    segments longer than their mask allows are refused here, wherever the model is built (training, benchmarks).
     """
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
@@ -137,6 +141,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
         )
         gpt.rope_theta = float(model.rope_theta)  # mlmclm.model.rope switches it in place
         gpt.uses_transformer_engine = use_te  # per-document attention: THD with TE, a mask with local layers
+        gpt.packed_segments = packed_segments
         gpt.mask_carries_causality = packed_segments and not use_te
         if gpt.mask_carries_causality:
             for module in gpt.modules():
@@ -144,8 +149,21 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
                     module.register_forward_pre_hook(_refuse_a_missing_mask)
         gpt.to(current_device())
         chunks.append(gpt)
+    if max_row_tokens is not None:
+        check_local_packed_attention(chunks, max_row_tokens, model.num_attention_heads // parallel.tensor_parallel,
+                                     rows)
     set_causal(chunks, causal)
     return chunks
+
+
+def attention_path(chunks) -> str:
+    """The attention these chunks run, as built (never as asked for: TE may have fallen back to local layers):
+    "TE THD" (packed segments on TE layers), "TE padded" (whole rows on TE layers) or "local" (megatron's local
+    layers: a mask, or whole rows)."""
+    chunk = chunks[0]
+    if getattr(chunk, "uses_transformer_engine", False):
+        return "TE THD" if getattr(chunk, "packed_segments", False) else "TE padded"
+    return "local"
 
 
 def _refuse_a_missing_mask(softmax, args) -> None:

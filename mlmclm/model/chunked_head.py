@@ -10,10 +10,11 @@ to the hidden states and the output weight (Liger's fused linear + cross entropy
 backward only multiplies them by the incoming gradient, a scalar: no logits are recomputed, so a step makes the
 three output-layer matmuls megatron's head makes (logits, input gradient, weight gradient), not four.
 
-Memory: no tensor larger than one chunk's `[chunk_tokens, vocab / tp]` fp32 logits (and, in bf16, their bf16 copy
-for the matmuls) ever exists. Held from the forward to the backward, instead of the inputs: the gradient of the
-hidden states, `[n, h]` in their dtype, and the gradient of this rank's weight shard, `[v / tp, h]` in fp32 (summed
-over the chunks in fp32 and rounded once, as one big matmul would; with megatron's gradient-accumulation fusion
+Memory: no tensor larger than one chunk's `[chunk_tokens, vocab / tp]` fp32 shifted logits (and, in bf16, the
+chunk's logits and then its gradient in bf16, for the matmuls) ever exists. Held from the forward to the backward,
+instead of the inputs: the gradient of the hidden states, `[n, h]` in their dtype, and the gradient of this rank's
+weight shard, `[v / tp, h]` in fp32 (summed over the chunks by an fp32-accumulating GEMM, mlmclm.model.wgrad_gemm,
+and rounded once, as one big matmul would; with megatron's gradient-accumulation fusion
 never rounded: added in fp32 into the weight's `main_grad`, as megatron's fused head does —
 mlmclm.model.wgrad_fusion). Without gradients (validation, evaluation:
 `torch.no_grad()`, or inputs that do not require them) only the loss is computed: one matmul per chunk.
@@ -40,13 +41,16 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region
 
-from mlmclm.model.wgrad_fusion import accumulate_wgrad_fp32, add_to_main_grad, fuses_wgrad
+from mlmclm.model.wgrad_fusion import add_to_main_grad, fuses_wgrad
+from mlmclm.model.wgrad_gemm import accumulate_wgrad
 
-# 256 tokens: at vocab 128256 one chunk's fp32 logits are 125 MiB per TP rank (the full logits of a paper-sized
-# 22.5k-token micro-batch: 11 GiB), and the weight gradient is accumulated once per chunk. Chosen, not tuned: on
-# the 2-core development machine, under the load of other jobs, a sweep of 128-1024 was noise-dominated (see
-# docs/performance.md); a GPU sweep is still to be made.
-DEFAULT_CHUNK_TOKENS = 256
+# 2048 tokens, chosen for the GPU from a roofline (benchmarks/head_roofline.py; issue 55): each chunk's weight-
+# gradient GEMM reads and writes the whole fp32 [V/TP, h] sum, so small chunks make the head memory-bound — at 256
+# tokens eurobert-1b's head costs 1.8x megatron's whole head on an H100, at 2048 1.03x (CLM, 10,339 tokens) and
+# 1.12x (MLM, 4,136 predicted), within 1.2x for every paper shape from 1,500 predicted tokens. Its price: one chunk's
+# logits, 2048 × V/TP × 6 B (1.5 GiB at vocabulary 128,256, TP 1) against megatron's whole-head logits of every
+# token. A model, not a GPU measurement: the GPU session's speed rows time it.
+DEFAULT_CHUNK_TOKENS = 2048
 
 
 def validate_chunk_tokens(value) -> int:
@@ -103,8 +107,8 @@ class _ChunkedLinearCE(torch.autograd.Function):
             grad_hidden = grad_hidden * grad_loss
         if grad_weight is not None and ctx.fused_weight is not None:
             grad_weight = add_to_main_grad(ctx.fused_weight, grad_weight, grad_loss)
-        elif grad_weight is not None:
-            grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
+        elif grad_weight is not None:  # scaled and rounded in one pass: no second fp32 [v, h]
+            grad_weight = torch.mul(grad_weight, grad_loss, out=torch.empty_like(grad_weight, dtype=ctx.weight_dtype))
         return grad_hidden, grad_weight, None, None, None, None, None
 
 
@@ -126,35 +130,30 @@ def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, grou
     for lo in range(0, n, chunk_tokens):
         hi = min(lo + chunk_tokens, n)
         inputs = hidden[lo:hi]
-        logits = chunk.logits(inputs, weight)  # [c, v/tp] fp32, this chunk's buffer
-        row_max = logits.max(dim=-1).values
+        logits = chunk.logits(inputs, weight)  # [c, v/tp] in the compute dtype, this chunk's buffer
+        row_max = logits.max(dim=-1).values.float()
         _all_reduce(row_max, dist.ReduceOp.MAX, group, world)
-        logits -= row_max.unsqueeze(-1)
+        shifted = chunk.shifted(logits, row_max)  # fp32: the logits as megatron's loss casts them, minus the max
         local, in_shard = _local_labels(labels[lo:hi], start, shard)
-        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1) * in_shard
-        torch.exp(logits, out=logits)
-        both = torch.stack([picked, logits.sum(dim=-1)])
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1) * in_shard
+        torch.exp(shifted, out=shifted)
+        both = torch.stack([picked, shifted.sum(dim=-1)])
         _all_reduce(both, dist.ReduceOp.SUM, group, world)
         picked, total = both[0], both[1]
         losses[lo:hi] = torch.log(total) - picked
         correct[lo:hi] = (picked >= 0).float()
         if not (need_hidden or need_weight):
             continue
-        # d(weight × loss) / d logits = weight × (softmax - one-hot), the softmax from the exponentials at hand.
+        # d(weight × loss) / d logits = weight × (softmax - one-hot) = (exp - total × one-hot) × weight / total:
+        # the one-hot taken off the exponentials first, so that one scaling pass writes the gradient in the
+        # compute dtype (megatron's fused loss makes the same single bf16 write).
+        shifted[torch.arange(hi - lo, device=shifted.device), local] -= total * in_shard
         scale = 1 / total if token_weights is None else token_weights[lo:hi] / total
-        logits *= scale.unsqueeze(-1)
-        label_grad = in_shard if token_weights is None else in_shard * token_weights[lo:hi]
-        logits[torch.arange(hi - lo, device=logits.device), local] -= label_grad
-        grad = chunk.in_compute_dtype(logits)
+        grad = chunk.scaled(shifted, scale)
         if need_hidden:
             torch.mm(grad, weight, out=grad_hidden[lo:hi])
-        if need_weight:
-            if fuse_wgrad:  # apex's accumulating GEMM: fp32 sum, no [v, h] product in the compute dtype
-                accumulate_wgrad_fp32(inputs, grad, grad_weight)
-            elif grad.dtype == torch.float32:
-                grad_weight.addmm_(grad.t(), inputs)
-            else:
-                grad_weight += (grad.t() @ inputs).float()
+        if need_weight:  # fp32-accumulating GEMM into the sum: no [v, h] product per chunk (wgrad_gemm.py)
+            accumulate_wgrad(inputs, grad, grad_weight, fused=fuse_wgrad, scratch=chunk.float32)
     loss = losses.sum() if token_weights is None else (losses * token_weights).sum()
     return loss, losses, correct, grad_hidden, grad_weight
 
@@ -171,8 +170,9 @@ def _all_reduce(tensor: torch.Tensor, op, group, world: int) -> None:
 
 
 class _ChunkBuffers:
-    """One chunk's logits buffers, reused by every chunk (a fresh multi-hundred-MB tensor per chunk costs the
-    allocator, and on CPU the kernel's page zeroing): fp32, plus the compute dtype's when that is not fp32."""
+    """One chunk's buffers, reused by every chunk (a fresh multi-hundred-MB tensor per chunk costs the allocator,
+    and on CPU the kernel's page zeroing): the logits and then the gradient in the compute dtype, and the fp32
+    shifted exponentials between them (in fp32 training, one buffer for all three, worked in place)."""
 
     def __init__(self, rows: int, weight: torch.Tensor):
         shape = (max(rows, 1), weight.shape[0])
@@ -182,18 +182,20 @@ class _ChunkBuffers:
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
-        if self.compute is None:
-            return torch.mm(hidden, weight.t(), out=self.float32[:rows])
-        out = self.float32[:rows]
-        out.copy_(torch.mm(hidden, weight.t(), out=self.compute[:rows]))
-        return out
+        out = self.float32 if self.compute is None else self.compute
+        return torch.mm(hidden, weight.t(), out=out[:rows])
 
-    def in_compute_dtype(self, grad: torch.Tensor) -> torch.Tensor:
+    def shifted(self, logits: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+        """logits - row max in fp32: one pass reading the compute dtype and writing fp32 (in place in fp32)."""
         if self.compute is None:
-            return grad
-        out = self.compute[:grad.shape[0]]
-        out.copy_(grad)
-        return out
+            return logits.sub_(row_max.unsqueeze(-1))
+        return torch.sub(logits, row_max.unsqueeze(-1), out=self.float32[:logits.shape[0]])
+
+    def scaled(self, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """values × scale per row, written in the compute dtype (in place in fp32)."""
+        if self.compute is None:
+            return values.mul_(scale.unsqueeze(-1))
+        return torch.mul(values, scale.unsqueeze(-1), out=self.compute[:values.shape[0]])
 
 
 def _local_labels(labels: torch.Tensor, start: int, shard: int) -> tuple[torch.Tensor, torch.Tensor]:

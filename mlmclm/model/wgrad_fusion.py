@@ -6,8 +6,8 @@ the parameter's `main_grad` (DDP's fp32 buffer) with apex's accumulating GEMM, m
 `grad_added_to_main_grad` and returns a dummy that DDP's hook then ignores
 (`LinearWithGradAccumulationAndAsyncCommunication.backward` and `DistributedDataParallel._make_backward_post_hook`,
 megatron-core 0.19). The chunked head (mlmclm.model.chunked_head) follows the same contract for the output layer:
-each chunk's gradient goes into its fp32 sum through the same kernel (no [vocab, hidden] bf16 product and fp32 copy
-per chunk), and the backward adds that sum, scaled by the incoming gradient, into `main_grad` — no rounding of the
+each chunk's gradient goes into its fp32 sum through the same kernel (mlmclm.model.wgrad_gemm), and the backward
+adds that sum, scaled by the incoming gradient, into `main_grad` — no rounding of the
 micro-batch's weight gradient to bf16, as megatron's own fused head.
 """
 from __future__ import annotations
@@ -19,15 +19,6 @@ def fuses_wgrad(output_layer, weight: torch.Tensor) -> bool:
     """Whether megatron would accumulate this layer's weight gradient into `main_grad` itself (its own condition:
     the layer's `gradient_accumulation_fusion` and a weight that has a `main_grad`)."""
     return bool(getattr(output_layer, "gradient_accumulation_fusion", False)) and hasattr(weight, "main_grad")
-
-
-def accumulate_wgrad_fp32(inputs: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> None:
-    """out [v, h] fp32 += grad_output [n, v]ᵀ @ inputs [n, h], accumulated in fp32 from operands of one dtype:
-    apex's `wgrad_gemm_accum_fp32`, the module megatron's layers imported (a ColumnParallelLinear built with the
-    fusion on guarantees it is there)."""
-    from megatron.core.tensor_parallel import layers
-
-    layers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(inputs.contiguous(), grad_output.contiguous(), out)
 
 
 def add_to_main_grad(weight: torch.Tensor, grad_weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:

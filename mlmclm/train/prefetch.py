@@ -100,8 +100,8 @@ def _stop_signals_to_main() -> None:
 class StepBatches:
     """Step batches for iterations [first, end), each built one step ahead on one background thread
     (`background=False`: built when asked for, as the loop did before). `get(k)` must be called for k = first,
-    first + 1, ... in order; `close()` stops the thread (a batch built ahead is dropped, the loaders' advance
-    with it: the checkpoint holds the position of the last batch handed out)."""
+    first + 1, ... in order; `close()` stops the thread without waiting for it (a batch built ahead is dropped,
+    the loaders' advance with it: the checkpoint holds the position of the last batch handed out)."""
 
     def __init__(self, cfg: TrainConfig, data: PhaseLoaders, tokenizer: dict, first: int, end: int,
                  background: bool = True):
@@ -112,6 +112,7 @@ class StepBatches:
                      if background else None)
         self.ahead: Future | None = None
         self.last: HostStep | None = None
+        self.built_ahead = 0  # steps whose batch the thread had built (benchmarks report it)
 
     def _build(self, iteration: int) -> HostStep:
         return build_host_step(self.cfg, self.data, self.objectives, self.tokenizer, iteration)
@@ -122,6 +123,7 @@ class StepBatches:
                                f"{self.expected}")
         if self.ahead is not None:
             step, self.ahead = self.ahead.result(), None  # the thread's error, if any, is raised here
+            self.built_ahead += 1
         else:
             step = self._build(iteration)
         self.expected = iteration + 1
@@ -138,14 +140,13 @@ class StepBatches:
         return self.last.consumed_samples, self.last.loaders
 
     def close(self) -> None:
-        """Wait for a batch being built (the loaders are the thread's until then) and stop the thread."""
+        """Stops the thread without waiting for a batch it is building: that batch is dropped anyway (the checkpoint
+        holds the position of the last batch handed out), and its build may be stalled on a shard read for minutes
+        (remote.STALL_S), which must not hold a preemption's exit. The caller closes the loaders next, which
+        abandons their reads in flight, so the build then ends with an error nobody reads."""
         if self.ahead is not None:
-            self.ahead.cancel()
-            try:
-                self.ahead.exception()
-            except BaseException:  # cancelled: nothing to wait for
-                pass
+            self.ahead.cancel()  # not started yet: never starts
             self.ahead = None
         if self.pool is not None:
-            self.pool.shutdown(wait=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None

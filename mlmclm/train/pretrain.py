@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from mlmclm.model import build_model, rope_theta, set_causal, set_rope_theta
-from mlmclm.model.document_attention import check_local_packed_attention
 from mlmclm.objectives import objective_for_tokenizer
 from mlmclm.parallel import current_device, destroy_parallel, init_parallel
 from mlmclm.redact import redact_tree
@@ -106,11 +105,10 @@ class _Run:
         first_kind = cfg.phases[0].objective.kind
         self.chunks = build_model(cfg.model, cfg.parallel, cfg.precision, causal=first_kind == "clm",
                                   use_te=cfg.use_te, fused_kernels=cfg.fused_kernels,
-                                  deterministic=cfg.deterministic, packed_segments=cfg.packed_segments)
-        check_local_packed_attention(self.chunks, max(cfg.worst_row_tokens(self.data.seq_length(i), data)
-                                                      for i, data in enumerate(cfg.phase_data())),
-                                     cfg.model.num_attention_heads // cfg.parallel.tensor_parallel,
-                                     rows=1 if cfg.data.random_length is not None else cfg.micro_batch_size)
+                                  deterministic=cfg.deterministic, packed_segments=cfg.packed_segments,
+                                  max_row_tokens=max(cfg.worst_row_tokens(self.data.seq_length(i), data)
+                                                     for i, data in enumerate(cfg.phase_data())),
+                                  rows=1 if cfg.data.random_length is not None else cfg.micro_batch_size)
         self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce,
                             cfg.optimizer.overlap_param_gather)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
@@ -268,8 +266,8 @@ class _Run:
         finally:
             gc_control.stop()
             logger.close()
-            self.step_batches.close()  # before the loaders: they are its thread's while it builds
-            self.data.close()
+            self.step_batches.close()  # no wait for a batch being built ahead: it is dropped
+            self.data.close()  # abandons reads in flight (a stalled shard must not hold a preemption's status)
         if self.rank0:
             write_status(cfg, status, self.iteration, self.checkpoints[-1] if self.checkpoints else "")
         return RunResult(status, self.iteration, self.consumed_tokens, final_losses, self.checkpoints,

@@ -18,6 +18,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_session.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_session  # noqa: E402
+from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS  # noqa: E402
 
 # The CPU dry run takes 3-4 minutes on the 2-core development machine; the session's own budget bounds it.
 pytestmark = pytest.mark.timeout(900)
@@ -35,6 +36,13 @@ def test_every_timeout_adds_up_to_one_device_command():
     names = [name for name, _, _ in gpu_session.SECTIONS]
     assert names[:3] == ["environment", "speed_bf16", "speed_fp8"] and names[-1] == "features"  # by value
     assert all(t > gpu_session.MARGIN_S for _, t, _ in gpu_session.SECTIONS)
+    assert len(names) + 1 <= gpu_session.MAX_FILES == 8  # OUT: the summary and one JSON per section
+    # train_check: a stop and a resume, each a torchrun launch of ~45 s on a GPU (docs/gpu.md), must fit
+    import gpu_train_check
+
+    train_check = dict((n, t) for n, t, _ in gpu_session.SECTIONS)["train_check"]
+    assert gpu_train_check.LAUNCH_S >= 45
+    assert 2 * (gpu_train_check.LAUNCH_S + gpu_train_check.RUN_S) <= train_check - gpu_session.MARGIN_S
 
 
 def _session(out: Path, **popen):
@@ -59,6 +67,8 @@ def test_cpu_dry_run_of_the_whole_session(tmp_path):
     assert seconds <= gpu_session.worst_case_seconds(), seconds
     summary = json.loads((out / "summary.json").read_text())
     assert summary["not_run"] == [] and summary["sections"]["install"]["status"] == "not needed"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["summary.json"] + [f"{name}.json" for name, _, _ in gpu_session.SECTIONS])  # <= 8 files come back
     sections = _sections(out)
     assert list(sections) == [name for name, _, _ in gpu_session.SECTIONS]  # every section wrote its file
     durations = {name: data["seconds"] for name, data in sections.items()}
@@ -66,17 +76,23 @@ def test_cpu_dry_run_of_the_whole_session(tmp_path):
     for name, data in sections.items():
         assert data["status"] == summary["sections"][name]["status"] == "ok", (name, data["result"].get("error"))
         assert data["mode"] == "cpu-dry-run" and data["seconds"] <= summary["sections"][name]["timeout_s"]
+        assert f"section {name}: ok" in data["result"]["log_tail"]  # its log, though logs stay on the device
 
     env = sections["environment"]["result"]
     assert env["layer_spec"] == "local" and env["te_smoke"] == {"skipped": "no CUDA device"}
     assert set(env["fp8_recipes"]) == {"delayed", "tensorwise", "mxfp8", "blockwise"}
-    # The training default: the chunked head, random-length samples (THD on TE; a mask on CPU), MLM and CLM.
+    # The training default: the chunked head, random-length samples, MLM and CLM; each row names what ran — here
+    # megatron's local layers (THD needs TE) and bf16 operands upcast for the weight gradient (CPU) — and was fed
+    # by pretrain's batch path, the prefetch thread building every batch after the first.
     rows = sections["speed_bf16"]["result"]["rows"]
-    assert [(r["objective"], r["head_chunk_tokens"], r["layout"]) for r in rows] == [
-        ("mlm", 256, "random-length (THD on TE)"), ("clm", 256, "random-length (THD on TE)")]
+    assert [(r["objective"], r["head_chunk_tokens"], r["layout"], r["attention"], r["wgrad"]) for r in rows] == [
+        (objective, DEFAULT_CHUNK_TOKENS, "random-length samples", "local", "fp32 upcast addmm")
+        for objective in ("mlm", "clm")]
     for row in rows:
         assert row["status"] == "ok" and row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1, row
         assert row["host_syncs_per_step"] is None  # CUDA's sync debug mode only counts on a GPU
+        assert row["batch_path"].startswith("pretrain: PhaseLoaders + StepBatches")
+        assert row["built_ahead"] >= row["timed_steps"]
     assert "FP8 does not run here" in sections["speed_fp8"]["result"]["skipped"]
     memory = sections["memory"]["result"]
     assert {h: f["status"] for h, f in memory["heads"].items()} == {"chunked": "ok", "whole": "ok"}
@@ -84,6 +100,7 @@ def test_cpu_dry_run_of_the_whole_session(tmp_path):
     determinism = sections["determinism"]["result"]
     assert determinism["passed"] and determinism["stop_and_resume"]["bit_identical"]
     checks = {c["check"]: c["ok"] for c in sections["train_check"]["result"]["checks"]}
+    print("train_check on CPU:", checks)
     assert checks["SIGTERM to mlmclm.parallel.torchrun"] is True and False not in checks.values(), checks
     assert sections["features"]["result"]["bf16_vs_fp32"]["passed"] is True
     assert "did not run (or did not finish): none" in log and "speed_bf16: ok" in log

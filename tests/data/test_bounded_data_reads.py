@@ -15,6 +15,7 @@ from mlmclm.data.loader import LoaderConfig, PackedLoader
 from mlmclm.data.manifest import Manifest
 from mlmclm.data.remote import MANIFEST_LIMIT, shard_limit
 from mlmclm.data.shards import ShardError
+from tests.local_servers import serve_stalling
 
 HUGE = 256 * 1024 * 1024   # what the hostile server would send: far more than any bound here
 
@@ -141,27 +142,6 @@ def test_a_pipe_shard_is_bounded_the_same_way(dataset, tmp_path):
         PackedLoader(LoaderConfig(f"pipe:cat {out}/manifest.json", 16, 16, prefetch=False)).next_global_batch()
 
 
-def _serve_stalling(sent: bytes):
-    """A local http server that answers every GET with a header, `sent`, and then nothing, holding the connection."""
-    release = threading.Event()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(sent) + 1000))
-            self.end_headers()
-            self.wfile.write(sent)
-            self.wfile.flush()
-            release.wait(120)   # stalls until the test ends
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, release
-
-
 @pytest.mark.timeout(60)
 def test_a_server_that_stalls_is_refused_after_the_stall_bound(monkeypatch):
     """Before, curl waited on a stalled server forever (webdataset's curl has a connect timeout, not a read one)
@@ -170,7 +150,7 @@ def test_a_server_that_stalls_is_refused_after_the_stall_bound(monkeypatch):
     from mlmclm.data import remote
 
     monkeypatch.setattr(remote, "STALL_S", 2.0)
-    server, release = _serve_stalling(b'{"format": ')
+    server, release = serve_stalling(b'{"format": ')
     url = f"http://127.0.0.1:{server.server_address[1]}/manifest.json"
     try:
         start = time.monotonic()

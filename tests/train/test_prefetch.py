@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+import pytest
 import torch
 
 import train_scenarios as sc
@@ -130,3 +131,72 @@ def test_the_next_batch_is_built_during_the_step_and_a_stop_resumes_exactly(tmp_
         phase = ref[step]["phase"]
         assert ours[step][f"train/{phase}/loss"] == ref[step][f"train/{phase}/loss"], step
         assert ours[step]["train/grad_norm"] == ref[step]["train/grad_norm"], step
+
+
+def _stopped_with_a_stalled_read(cfg_dict, record_path):
+    """pretrain stopped by SIGUSR1 from inside step 2 while the thread builds step 3's batch from a shard whose
+    server stalls; records (wall clock) when the save ended and when the run status was written."""
+    from mlmclm.data import remote
+    from mlmclm.train import pretrain as pt
+
+    remote.STALL_S = 20.0   # the old code wrote its status only when the stalled read gave up (180 s in a run)
+    times, save, status, step = {}, pt.ckpt.save_checkpoint, pt.write_status, pt.train_step
+    calls = {"n": 0}
+
+    def recorded_save(*args, **kwargs):
+        path = save(*args, **kwargs)
+        times["saved"] = time.time()
+        return path
+
+    def recorded_status(*args, **kwargs):
+        status(*args, **kwargs)
+        times["status"] = time.time()
+
+    def stopping_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step(*args, **kwargs)
+
+    pt.ckpt.save_checkpoint, pt.write_status, pt.train_step = recorded_save, recorded_status, stopping_step
+    result = sc._train(cfg_dict)
+    record_path.write_text(json.dumps({**times, "status_of_run": result.status, "steps": result.steps}))
+
+
+@pytest.mark.timeout(180)
+def test_a_preemption_writes_its_status_at_once_while_a_shard_read_is_stalled(tmp_path):
+    """Shards of 8 rows, 4 per step: steps 1-2 read the first shard, step 3's batch needs the second, whose server
+    stalls. The stop comes in step 2, while the thread waits on that read: the checkpoint of step 2 is saved, and
+    the status follows within 5 s (before: the close waited for the batch being built, i.e. for the stalled read
+    to give up), and the rank's process ends as soon (its stalled read is abandoned, not waited for)."""
+    from mlmclm.data.prepare import prepare_embedded_corpus
+    from tests.local_servers import serve_stalling
+
+    data = tmp_path / "data"
+    prepare_embedded_corpus(data, seq_length=sc.SEQ, max_tokens=12_000, samples_per_shard=8, rows_per_block=8)
+    served = []
+
+    def stalls(path: str) -> bool:  # the first shard asked for is served, every later one stalls
+        if not path.startswith("shard-"):
+            return False
+        served.append(path)
+        return len(served) > 1
+
+    server, release = serve_stalling(directory=data, stalls=stalls)
+    url = f"http://127.0.0.1:{server.server_address[1]}/manifest.json"
+    cfg = sc.config(tmp_path / "run", data, total_steps=6, global_batch_size=4, micro_batch_size=2,
+                    phases=[{"objective": {"kind": "clm"}, "steps": 6}], data={"path": url, "tokenizer": "embedded"},
+                    checkpoint={"save_interval": None})
+    record = tmp_path / "record.json"
+    try:
+        spawn(_stopped_with_a_stalled_read, 1, cfg, record)
+        ended = time.time()
+    finally:
+        release.set()
+        server.shutdown()
+    times = json.loads(record.read_text())
+    assert times["status_of_run"] == "preempted" and times["steps"] == 2
+    assert len(served) >= 2  # the second shard was asked for, and stalled
+    assert json.loads((tmp_path / "run" / "run_status.json").read_text())["status"] == "preempted"
+    assert times["status"] - times["saved"] < 5, times
+    assert ended - times["status"] < 10, (ended, times)

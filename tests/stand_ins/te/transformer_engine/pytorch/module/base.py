@@ -54,6 +54,11 @@ def refuses_unsafe_pickles() -> bool:
     return Version(transformer_engine.__version__).release[:2] >= (2, 18)
 
 
+def get_workspace() -> torch.Tensor:
+    """TE's cuBLAS workspace (a 32 MiB uint8 buffer on the GPU, made once): a token here, `general_gemm` ignores it."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def get_dummy_wgrad(shape: list, dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
     key = (*shape, dtype)
     if key not in _dummy_wgrads:
