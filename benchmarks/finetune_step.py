@@ -3,10 +3,11 @@
 transformers' `Trainer` (what EncodEval runs), side by side in one process, on the same model (a random EuroBERT encoder
 under EncodEval's sequence-classification head, `mlmclm.eval.finetune.encodeval_heads` — what `--suite paper` trains;
 `--head eurobert`: transformers' EuroBertForSequenceClassification, what custom suites train), task (fixed-length random
-token rows, 2 labels), batch, precision and optimiser (AdamW β (0.9, 0.95), eps 1e-5, weight decay 0.1, 10 % warmup +
-linear decay, clip 1.0).
+token rows, 2 labels), batch, micro-batches (EncodEval's SC/TC/QA: 32 rows a step in 8 accumulated micro-batches of 4;
+`--micro 32` for one pass), precision and optimiser (torch's non-fused AdamW, the Trainer's `adamw_torch` under
+EncodEval's pins: β (0.9, 0.95), eps 1e-5, weight decay 0.1, 10 % warmup + linear decay, clip 1.0).
 
-    python benchmarks/finetune_step.py                               # hidden 256, 4 layers, seq 128, batch 32, fp32
+    python benchmarks/finetune_step.py                               # hidden 256, 4 layers, seq 128, 8 x 4, fp32
     python benchmarks/finetune_step.py --dtype bfloat16 --rounds 5 --steps 30
 
 Each round runs one fine-tuning of `--steps` steps with each side, alternating which goes first, from the same
@@ -50,7 +51,7 @@ def ours(model, rows, args) -> float:
     from mlmclm.eval.finetune.training import FinetuneConfig, in_precision, pad_batch, train
 
     config = FinetuneConfig(learning_rate=1e-4, max_steps=args.steps, max_epochs=None, batch_size=args.batch,
-                            dtype=args.dtype)
+                            dtype=args.dtype, micro_batch_size=args.micro)
     model = in_precision(model, config)
     started = time.perf_counter()
     train(model, rows, lambda chunk: pad_batch(chunk, {"input_ids": 0, "attention_mask": 0}),
@@ -68,7 +69,8 @@ def trainer(model, rows, args, folder) -> float:
     bf16 = args.dtype == "bfloat16"
     model = model.to(torch.bfloat16 if bf16 else torch.float32)  # EncodEval casts the model, then bf16: true
     training = TrainingArguments(
-        output_dir=folder, per_device_train_batch_size=args.batch, max_steps=args.steps, learning_rate=1e-4,
+        output_dir=folder, per_device_train_batch_size=args.micro, gradient_accumulation_steps=args.batch // args.micro,
+        max_steps=args.steps, learning_rate=1e-4, optim="adamw_torch",
         adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-5, weight_decay=0.1, warmup_steps=0.1,
         lr_scheduler_type="linear", max_grad_norm=1.0, bf16=bf16, use_cpu=True, report_to="none",
         save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0)
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--micro", type=int, default=4, help="rows per forward/backward (EncodEval's per-device batch)")
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
@@ -94,6 +97,8 @@ def main() -> None:
                         help="the model's head: EncodEval's SL head over EuroBertModel (the paper suite's) or "
                              "transformers' EuroBertForSequenceClassification")
     args = parser.parse_args()
+    if args.batch % args.micro:
+        parser.error(f"--batch {args.batch} must be a multiple of --micro {args.micro}")
     warnings.filterwarnings("ignore")
     import copy
     import tempfile
@@ -110,7 +115,8 @@ def main() -> None:
                 print(f"round {round_ + 1} {side:<8} {args.steps / seconds[side][-1]:6.2f} steps/s", flush=True)
     best = {side: args.steps / min(times) for side, times in seconds.items()}
     median = {side: args.steps / statistics.median(times) for side, times in seconds.items()}
-    print(f"\n{args.head} head, hidden {args.hidden}, {args.layers} layers, seq {args.seq}, batch {args.batch}, "
+    print(f"\n{args.head} head, hidden {args.hidden}, {args.layers} layers, seq {args.seq}, batch {args.batch} "
+          f"({args.batch // args.micro} x {args.micro}), "
           f"{args.dtype}, {args.steps} steps a run, {torch.get_num_threads()} threads")
     print("| side | best steps/s | median steps/s |\n|---|---|---|")
     for side in seconds:

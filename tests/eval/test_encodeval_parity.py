@@ -138,7 +138,8 @@ def _wordpiece_tokenizer():
 
 def test_paper_token_labels_every_subtoken_and_predicts_by_majority_vote(tmp_path):
     # EncodEval: every sub-token carries its word's tag in training; a word's prediction is the most frequent
-    # prediction over its sub-tokens (ties: the smaller tag id, Python's set order for small ints)
+    # prediction over its sub-tokens (here ties go to the smaller tag id; EncodEval's own tie rule, CPython's set
+    # order, and its lone-space tokens: test_encodeval_tc.py)
     from mlmclm.eval.finetune.token_classification import encode_words, word_predictions
 
     tokenizer = _wordpiece_tokenizer()

@@ -7,7 +7,9 @@ sources' own ids:
 - MLDR-en: the corpus is the positive passages of dev and test (their text from the `corpus` config); negatives
   are never used.
 - Documents are keyed by id: two ids with the same text are two documents.
-Rows: {"id", "query", "positive_ids", "positives"} per evaluated query, in the order the source lists them.
+Rows: {"id", "query", "positive_ids", "positives"} per evaluated query, in the order the source lists them. The
+corpus is in EncodEval's order too: each document where it is first judged, validation before test (its
+`corpus_sub`), so that its evaluation's batches of 4 documents are EncodEval's.
 """
 from __future__ import annotations
 
@@ -62,8 +64,9 @@ def _row(query_id: str, query: str, positive_ids: list[str], corpus: dict[str, s
 def beir_sets(qrels: dict[str, list[tuple[str, str, int]]], read_queries: Reader, read_corpus: Reader
               ) -> tuple[dict[str, list[dict]], dict[str, str]]:
     """(rows per split, corpus) of a BEIR set from its qrels per split."""
-    judged = {doc for judgements in qrels.values() for _, doc, _ in judgements}
-    corpus = read_corpus(judged)
+    judged = dict.fromkeys(doc for judgements in qrels.values() for _, doc, _ in judgements)  # first judged first
+    found = read_corpus(set(judged))
+    corpus = {doc: found[doc] for doc in judged}
     queries = read_queries({query for judgements in qrels.values() for query, _, _ in judgements})
     rows = {}
     for split, judgements in qrels.items():
@@ -81,7 +84,9 @@ def mldr_ids(judged: dict[str, list[dict]]) -> set[str]:
 
 def mldr_sets(judged: dict[str, list[dict]], read_corpus: Reader) -> tuple[dict[str, list[dict]], dict[str, str]]:
     """(rows per split, corpus) of MLDR from its dev/test rows (query_id, query, positive_passages)."""
-    corpus = read_corpus(mldr_ids(judged))
+    found = read_corpus(mldr_ids(judged))
+    order = (p["docid"] for rows in judged.values() for row in rows for p in row["positive_passages"])
+    corpus = {doc: found[doc] for doc in dict.fromkeys(order)}  # first judged first, as EncodEval's corpus_sub
     rows = {split: [_row(str(r["query_id"]), r["query"], [p["docid"] for p in r["positive_passages"]], corpus)
                     for r in split_rows if r["positive_passages"]]
             for split, split_rows in judged.items()}

@@ -11,8 +11,9 @@ from mlmclm.eval.finetune.encodeval_heads import EncodEvalSequenceClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, text_inputs
 from mlmclm.eval.finetune.metrics import accuracy
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
-from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
-                                           max_length_of, pad_batch, seed_everything, train)
+from mlmclm.eval.finetune.training import (ENCODEVAL_EVAL_BATCH_SIZE, FinetuneConfig, RunOutcome, batched,
+                                           in_precision, load_tokenizer, max_length_of, pad_batch, seed_everything,
+                                           train, trainer_forward)
 
 
 def encode_rows(tokenizer, spec: TaskSpec, rows, label_ids, max_length):
@@ -57,14 +58,17 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
     features = encode_rows(tokenizer, data.spec, data["train"], label_ids, max_length_of(data.spec, model_dir))
     log = train(model, features, collate, lambda m, b: m(**b).loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
 
+    # EncodEval evaluates the model the Trainer prepared (its forward under autocast), in batches of 4
+    forward = trainer_forward(model, config)
+    eval_batch_size = ENCODEVAL_EVAL_BATCH_SIZE if encodeval else config.eval_batch_size
     metrics = {}
     for split in eval_splits:
         eval_features = encode_rows(tokenizer, data.spec, data[split], label_ids, max_length_of(data.spec, model_dir))
         predictions = []
         with torch.no_grad():
-            for chunk in batched(eval_features, config.eval_batch_size):
+            for chunk in batched(eval_features, eval_batch_size):
                 batch = collate(chunk)
                 batch.pop("labels")
-                predictions.extend(model(**batch).logits.argmax(-1).tolist())
+                predictions.extend(forward(**batch).logits.argmax(-1).tolist())
         metrics[split] = {"accuracy": accuracy(predictions, [f["labels"] for f in eval_features])}
     return RunOutcome(metrics=metrics, log=log)

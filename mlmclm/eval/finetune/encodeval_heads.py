@@ -52,7 +52,7 @@ def init_like_sl(*layers: nn.Linear, std: float) -> None:
 
 class EncodEvalSequenceClassifier(nn.Module):
     """SLModelForSequenceClassification's head: pooling (`classifier_pooling`), then dense (hidden -> hidden), GELU,
-    classifier (hidden -> labels); no dropout; cross-entropy on the logits as they are."""
+    classifier (hidden -> labels); no dropout; cross-entropy on the logits, in fp32."""
 
     def __init__(self, model_dir: Path, num_labels: int):
         super().__init__()
@@ -68,7 +68,8 @@ class EncodEvalSequenceClassifier(nn.Module):
                 labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         logits = self.classifier(self.activation(self.dense(pool(hidden, attention_mask, self.pooling))))
-        loss = None if labels is None else nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+        # in fp32, as the SL head's CrossEntropyLoss runs under the Trainer's bf16 autocast (precision.py)
+        loss = None if labels is None else nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(),
                                                                        labels.view(-1))
         return SequenceClassifierOutput(loss=loss, logits=logits)
 

@@ -19,10 +19,11 @@ from mlmclm.eval.finetune.encodeval_heads import EncodEvalTokenClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, qa_inputs
 from mlmclm.eval.finetune.encodeval_scores import qa_answer_positions, qa_score
 from mlmclm.eval.finetune.task_spec import TaskData
-from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, max_length_of, pad_batch,
-                                           seed_everything, train)
+from mlmclm.eval.finetune.training import (ENCODEVAL_EVAL_BATCH_SIZE, FinetuneConfig, RunOutcome, batched,
+                                           in_precision, max_length_of, pad_batch, seed_everything, train,
+                                           trainer_forward)
 
-EVAL_BATCH_SIZE = 4  # configs/QA/*.yaml per_device_eval_batch_size: the padding the score sees
+EVAL_BATCH_SIZE = ENCODEVAL_EVAL_BATCH_SIZE  # configs/QA/*.yaml per_device_eval_batch_size: what the score sees
 IGNORE = -100  # DataCollatorForTokenClassification's label padding
 
 
@@ -41,7 +42,8 @@ def encode_questions(tokenizer, rows, max_length: int) -> list[dict]:
 
 
 def predicted_inside(model, features: list[dict], collate) -> list[set[int]]:
-    """Per question, the positions of its padded batch of EVAL_BATCH_SIZE the model tags inside (label 1)."""
+    """Per question, the positions of its padded batch of EVAL_BATCH_SIZE the model tags inside (label 1).
+    `model`: any callable (the run passes it as the Trainer calls it, training.trainer_forward)."""
     out = []
     with torch.no_grad():
         for chunk in batched(features, EVAL_BATCH_SIZE):
@@ -69,5 +71,7 @@ def run_encodeval_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
     for split in eval_splits:
         features = encode_questions(tokenizer, data[split], max_length)
         gold = [{p for p, label in enumerate(f["labels"]) if label == 1} for f in features]
-        metrics[split] = {"encodeval_f1": qa_score(predicted_inside(model, features, collate), gold)}
+        # EncodEval evaluates the model the Trainer prepared: its forward under autocast
+        predicted = predicted_inside(trainer_forward(model, config), features, collate)
+        metrics[split] = {"encodeval_f1": qa_score(predicted, gold)}
     return RunOutcome(metrics=metrics, log=log)

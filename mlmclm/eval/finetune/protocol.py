@@ -32,6 +32,11 @@ PAPER_BUDGETS = (("classification", 1000, None), ("qa", 1000, None), ("retrieval
 # set max_steps 1000 beside num_train_epochs 1, and transformers' Trainer lets max_steps win: 1000 steps (CoNLL and
 # UNER keep max_steps -1: one epoch).
 PAPER_TASK_BUDGETS = (("qed", None, 1), ("ontonotes5", 1000, None))
+# EncodEval's micro-batches per family: configs/{SC,TC,QA}/*.yaml set per_device_train_batch_size 4 with
+# train_batch_size 32 (8 accumulated micro-batches on one GPU); configs/IR/msmarco_pairs_*.yaml set
+# per_device_train_batch_size 32 and no train_batch_size (one loss over the 32 pairs: CachedMNRL's mini-batches of
+# 4 only split its forward passes).
+PAPER_MICRO_BATCHES = (("classification", 4), ("token_classification", 4), ("qa", 4))
 RUNS_FOLDER = "runs"
 # User tasks: at least this many optimizer steps per run (small sets are repeated for more epochs), and a warning
 # (console and summary) for any run with fewer than FEW_STEPS — a score from a handful of updates says little about
@@ -59,13 +64,14 @@ class ProtocolConfig:
     warmup_fraction: float = 0.1
     budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (family, max_steps, max_epochs)
     task_budgets: tuple[tuple[str, int | None, int | None], ...] = ()  # (task, ...): wins over its family's
-    dtype: str = "float32"  # fine-tuning precision (training.DTYPES); the paper's is bf16
+    dtype: str = "float32"  # fine-tuning precision (precision.DTYPES); the paper's is bf16
     min_steps: int | None = None  # floor under the epoch cap (training.budget_steps); custom suites: CUSTOM_MIN_STEPS
+    micro_batches: tuple[tuple[str, int], ...] = ()  # (family, rows per micro-batch); others: the whole batch
 
     @classmethod
     def paper(cls, **overrides) -> ProtocolConfig:
         return cls(**{"budgets": PAPER_BUDGETS, "task_budgets": PAPER_TASK_BUDGETS, "dtype": "bfloat16",
-                      **overrides})
+                      "micro_batches": PAPER_MICRO_BATCHES, **overrides})
 
     def __post_init__(self) -> None:
         if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
@@ -75,6 +81,10 @@ class ProtocolConfig:
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
                        batch_size=self.batch_size, warmup_fraction=self.warmup_fraction,
                        dtype=self.dtype, min_steps=self.min_steps)  # validates the budget and precision
+        for family, rows in self.micro_batches:  # refused here, before any run, naming the family
+            if rows < 1 or self.batch_size % min(rows, self.batch_size):
+                raise ValueError(f"batch size {self.batch_size} is not a whole number of {family} micro-batches "
+                                 f"of {rows} rows (EncodEval's per-device batch): use a multiple of {rows}")
 
     def finetune_config(self, learning_rate: float, seed: int, family: str | None = None,
                         task: str | None = None) -> FinetuneConfig:
@@ -85,9 +95,11 @@ class ProtocolConfig:
         for name, steps, epochs in self.task_budgets:
             if name == task:
                 max_steps, max_epochs = steps, epochs
+        # a batch at or under the micro-batch is one pass, as EncodEval's accumulation (never below 1 step)
+        micro = next((min(rows, self.batch_size) for name, rows in self.micro_batches if name == family), None)
         return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
                               batch_size=self.batch_size, warmup_fraction=self.warmup_fraction, dtype=self.dtype,
-                              min_steps=self.min_steps)
+                              min_steps=self.min_steps, micro_batch_size=micro)
 
 
 @dataclass

@@ -8,13 +8,16 @@ tests on MS MARCO, NQ and MLDR-en) on their own validation and test splits, repo
 training and evaluation inputs (encodeval_inputs.py), and its score (`encodeval_ndcg@10`, encodeval_scores.py)
 beside the standard NDCG@10 of the same ranking. Its loss is ours: sentence-transformers' cached MNRL at scale 20
 (configs/IR/msmarco_pairs_*.yaml) is InfoNCE over cosine similarities at temperature 1/20 = 0.05; the cache only
-splits the batch's forward passes (mini_batch_size 4) without changing the loss."""
+splits the batch's forward passes (mini_batch_size 4) without changing the loss. As there, the loss is computed
+in fp32 from fp32 embeddings (`contrastive_loss`, precision.py), the rows come in sentence-transformers' order
+(data_order.py), and EncodEval's evaluation encodes 4 texts at a time (IR.py encode_sequences)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
+from mlmclm.eval.finetune.data_order import SENTENCE_TRANSFORMERS
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalRetrievalEncoder
 from mlmclm.eval.finetune.encodeval_inputs import (encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths,
                                                    text_inputs)
@@ -22,10 +25,23 @@ from mlmclm.eval.finetune.encodeval_scores import retrieval_score
 from mlmclm.eval.finetune.heads import MeanPoolingEncoder, info_nce_loss
 from mlmclm.eval.finetune.metrics import ndcg_at_k
 from mlmclm.eval.finetune.task_spec import TaskData
-from mlmclm.eval.finetune.training import (FinetuneConfig, RunOutcome, batched, in_precision, load_tokenizer,
-                                           max_length_of, pad_batch, seed_everything, train)
+from mlmclm.eval.finetune.training import (ENCODEVAL_EVAL_BATCH_SIZE, FinetuneConfig, RunOutcome, batched,
+                                           in_precision, load_tokenizer, max_length_of, pad_batch, seed_everything,
+                                           train)
 
 TEMPERATURE = 0.05
+
+
+def contrastive_loss(queries: torch.Tensor, passages: torch.Tensor, normalise: bool) -> torch.Tensor:
+    """InfoNCE at TEMPERATURE over in-batch negatives, in fp32 whatever the tower's precision: CachedMNRL gets the
+    embeddings in fp32 (accelerate converts the bf16 model's outputs) and computes the cosine's normalisation,
+    the similarities and the cross entropy outside autocast. `normalise`: the cosine's L2 normalisation
+    (EncodEval's tower returns pooled vectors as they are; the standard tower normalises them itself)."""
+    queries, passages = queries.float(), passages.float()
+    if normalise:
+        queries = torch.nn.functional.normalize(queries, dim=-1)
+        passages = torch.nn.functional.normalize(passages, dim=-1)
+    return info_nce_loss(queries, passages, TEMPERATURE)
 
 
 def _embed(model, tokenizer, texts, max_length, batch_size, encodeval=False):
@@ -102,21 +118,22 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
                 pad_batch([{"input_ids": i, "attention_mask": m} for i, m in
                            zip(passages["input_ids"], passages["attention_mask"])], pads))
 
-    def loss(m, batch):
-        q, p = m(**batch[0]), m(**batch[1])
-        if encodeval:  # the cosine similarity of MNRL: normalised here, the standard tower normalises itself
-            q, p = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(p, dim=-1)
-        return info_nce_loss(q, p, TEMPERATURE)
+    def loss(forward, batch):  # outside autocast: the forward returns fp32 embeddings (precision.TrainerForward)
+        return contrastive_loss(forward(**batch[0]), forward(**batch[1]), normalise=encodeval)
 
-    log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}")
+    log = train(model, pairs, collate, loss, config, f"{data.spec.name} lr={config.learning_rate:g}",
+                order=SENTENCE_TRANSFORMERS)
     if on_trained is not None:
         on_trained(model.encoder, tokenizer)
 
+    # EncodEval encodes in a fresh process, without the Trainer's autocast: the bf16 model called as it is, 4 texts
+    # a time in the corpus' and the queries' order (SentenceTransformer.encode sorts each 4 by length: same batch)
+    eval_batch_size = ENCODEVAL_EVAL_BATCH_SIZE if encodeval else config.eval_batch_size
+
     def score(rows, ids, texts, relevant):
-        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], eval_length, config.eval_batch_size,
-                             encodeval)
-        query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], eval_length,
-                               config.eval_batch_size, encodeval)
+        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], eval_length, eval_batch_size, encodeval)
+        query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], eval_length, eval_batch_size,
+                               encodeval)
         similarities = query_vectors @ doc_vectors.T
         top = similarities.topk(min(10, len(ids)), dim=-1).indices.tolist()
         rankings = [[ids[i] for i in ranked] for ranked in top]

@@ -1,4 +1,7 @@
-"""The fine-tuning loop shared by all families: AdamW, linear warmup then linear decay, step/epoch budget."""
+"""The fine-tuning loop shared by all families, as transformers' Trainer runs EncodEval's configs: AdamW
+(torch's, not fused: the Trainer's `adamw_torch`), linear warmup then linear decay, step/epoch budget, the
+libraries' data order (data_order.py), micro-batches whose token-mean losses are averaged (gradient accumulation),
+bf16 under autocast with fp32 losses (precision.py), and a run that goes non-finite kept stepping to its end."""
 from __future__ import annotations
 
 import math
@@ -11,16 +14,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 from transformers.utils import logging as hf_logging
 
+from mlmclm.eval.finetune import precision
+from mlmclm.eval.finetune.data_order import ORDERS, TRAINER, step_rows
+from mlmclm.eval.finetune.precision import DTYPES, TrainerForward
+
 # A run counts as diverged when its loss goes non-finite or ends this many times above where it started.
 DIVERGENCE_FACTOR = 1.5
-# Fine-tuning precisions: "float32", or "bfloat16" as EncodEval (the whole model cast to bf16, AdamW on the bf16
-# weights: its configs load with dtype torch.bfloat16 and train with `bf16: true`). CPUs run bf16 too.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# EncodEval's evaluation batches: per_device_eval_batch_size 4 in configs/{SC,TC,QA}/*.yaml and in the IR
+# evaluation configs (configs/IR/<set>_msmarco_pairs_*.yaml). Padding is per batch, so the batch is part of the
+# numbers in bf16 (and of QA's score, encodeval_qa.py).
+ENCODEVAL_EVAL_BATCH_SIZE = 4
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,10 @@ class FinetuneConfig:
     eps: float = 1e-5
     max_grad_norm: float = 1.0
     dtype: str = "float32"  # a key of DTYPES
+    # Rows per forward/backward pass (None: the whole batch). EncodEval's SC/TC/QA configs set
+    # per_device_train_batch_size 4 with train_batch_size 32: the Trainer accumulates 8 micro-batches, each
+    # micro-batch's token-mean loss divided by their number, so a step's loss is the mean of the micro-batch means.
+    micro_batch_size: int | None = None
     # A floor under the epoch cap (never above max_steps): a small training set is repeated for more epochs rather
     # than giving a run a handful of updates. None in the paper suite (EncodEval's budgets as they are).
     min_steps: int | None = None
@@ -51,7 +62,7 @@ class FinetuneConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.max_steps is None and self.max_epochs is None:
             raise ValueError("max_steps and max_epochs cannot both be None (the run would never end)")
-        for name in ("max_steps", "max_epochs", "batch_size", "eval_batch_size", "min_steps"):
+        for name in ("max_steps", "max_epochs", "batch_size", "eval_batch_size", "min_steps", "micro_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -62,6 +73,9 @@ class FinetuneConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size "
+                             f"({self.micro_batch_size}): a step is a whole number of micro-batches")
 
 
 @dataclass
@@ -147,55 +161,71 @@ def max_length_of(spec: Any, model_dir: Path) -> int:
 
 def in_precision(model: torch.nn.Module, config: FinetuneConfig) -> torch.nn.Module:
     """The model, heads included, in the run's fine-tuning precision (cast before the optimizer sees it)."""
-    return model.to(DTYPES[config.dtype])
+    return precision.in_precision(model, config.dtype)
+
+
+def trainer_forward(model: torch.nn.Module, config: FinetuneConfig) -> TrainerForward:
+    """`model` called as the Trainer calls it in this run's precision (precision.TrainerForward)."""
+    return TrainerForward(model, config.dtype)
 
 
 def make_optimizer(model: torch.nn.Module, config: FinetuneConfig) -> torch.optim.AdamW:
     """AdamW with the config's betas/eps; weight decay on matrices only (not on norms and biases)."""
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "norm" in n.lower()]
     decay = [p for n, p in model.named_parameters() if not (p.ndim < 2 or "norm" in n.lower())]
-    # fused: one kernel over all tensors, as transformers' Trainer runs AdamW by default (adamw_torch_fused) —
-    # EncodEval's optimizer; on CPU 3.4x faster than torch's per-tensor loop (benchmarks/finetune_step.py)
+    # torch's default implementation, not the fused kernel: transformers 4.55 under torch 2.7 (EncodEval's pins)
+    # defaults to `adamw_torch` (fused only from torch 2.8), which passes neither `fused` nor `foreach`. The same
+    # parameters as the Trainer's groups: no decay on biases and norm weights (get_decay_parameter_names).
     return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate,
-                             betas=(config.beta1, config.beta2), eps=config.eps, fused=True)
+                             betas=(config.beta1, config.beta2), eps=config.eps)
+
+
+def accumulate_step(forward: Callable, rows: Sequence[Any], collate: Callable[[list], Any],
+                    loss_of_batch: Callable[[Callable, Any], torch.Tensor], micro_batch_size: int | None) -> torch.Tensor:
+    """Forward and backward one optimizer step's rows, `micro_batch_size` rows at a time (each micro-batch padded
+    on its own, as the Trainer's collator pads each), every micro-batch's loss divided by their number before its
+    backward (Trainer.training_step: `loss / current_gradient_accumulation_steps`, the count of this step's
+    micro-batches). Returns the step's loss, the mean of the micro-batch losses, detached, on the device."""
+    chunks = list(batched(rows, micro_batch_size or len(rows)))
+    total = None
+    for chunk in chunks:
+        loss = loss_of_batch(forward, collate(list(chunk))) / len(chunks)
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
 
 
 def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[list], Any],
-          loss_of_batch: Callable[[torch.nn.Module, Any], torch.Tensor], config: FinetuneConfig,
-          description: str = "fine-tune") -> TrainLog:
-    """Run the step budget; stops early (diverged) on a non-finite loss."""
+          loss_of_batch: Callable[[Callable, Any], torch.Tensor], config: FinetuneConfig,
+          description: str = "fine-tune", order: str = TRAINER) -> TrainLog:
+    """Run the step budget. `loss_of_batch(forward, batch)` gets the model as the Trainer calls it in the run's
+    precision (`trainer_forward`). A loss that goes non-finite does not stop the run: the Trainer keeps stepping
+    (the NaN reaches the weights through the clipped gradients) and EncodEval scores what it has at the end, so
+    this loop does too, and flags the run diverged. The step losses stay on the device until the end."""
     if not features:
         raise ValueError(f"{description}: no training examples")
+    if order not in ORDERS:
+        raise ValueError(f"unknown data order {order!r}; known: {', '.join(ORDERS)}")
     steps = budget_steps(len(features), config)
     optimizer = make_optimizer(model, config)
     scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps(steps, config), steps)
-    loader = DataLoader(list(features), batch_size=config.batch_size, shuffle=True, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(config.seed))
-    log = TrainLog(steps=steps)
+    forward = trainer_forward(model, config)
+    batches = step_rows(len(features), config.batch_size, config.seed, order)
     model.train()
-    batches = iter(loader)
+    losses = []
     # a bar only on a terminal: in a log file every refresh would be one more line
     for _ in tqdm(range(steps), desc=description, leave=False, dynamic_ncols=True, disable=not sys.stderr.isatty()):
-        try:
-            batch = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            batch = next(batches)
-        loss = loss_of_batch(model, batch)
-        value = float(loss.detach())
-        log.losses.append(value)
-        if not math.isfinite(value):
-            log.diverged = True
-            break
-        loss.backward()
+        rows = [features[i] for i in next(batches)]
+        losses.append(accumulate_step(forward, rows, collate, loss_of_batch, config.micro_batch_size))
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    if not log.diverged and log.last_loss > DIVERGENCE_FACTOR * log.first_loss:
-        log.diverged = True
     model.eval()
+    log = TrainLog(steps=steps, losses=torch.stack(losses).float().tolist())
+    log.diverged = (not all(math.isfinite(v) for v in log.losses)
+                    or log.last_loss > DIVERGENCE_FACTOR * log.first_loss)
     return log
 
 
