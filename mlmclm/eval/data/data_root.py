@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlmclm.bounded_read import read_regular_json
 from mlmclm.eval.data.sources import REPOS, RootOf
 
 MANIFEST = "manifest.json"
@@ -17,12 +18,12 @@ class DataRootError(ValueError):
 
 def read_manifest(data_root: Path) -> dict:
     path = Path(data_root) / MANIFEST
-    if not path.is_file():
+    if not path.exists():
         raise DataRootError(f"{data_root}: no {MANIFEST}: --data-root takes a folder written by "
                             f"`tools/evaluate.py fetch --suite paper --out {data_root}`")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+        return read_regular_json(path, what="data root manifest")  # bounded: a FIFO must not block the run
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DataRootError(f"{path}: not valid JSON ({err})") from err
 
 

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mlmclm.eval.data.data_files import open_data_text, read_parquet_table
+
 
 class HubLayoutError(ValueError):
     """A repository folder lacks the files its source expects, or they do not hold what they should."""
@@ -45,12 +47,10 @@ def class_label_names(schema) -> dict[str, list[str]]:
 
 def read_parquet(root: Path, pattern: str) -> tuple[list[dict[str, Any]], dict[str, list[str]], list[Path]]:
     """(rows, ClassLabel names per column, files read) of every shard matching `pattern`."""
-    import pyarrow.parquet as pq
-
     files = matching_files(root, pattern)
     rows, names = [], {}
     for path in files:
-        table = pq.read_table(path)
+        table = read_parquet_table(path)
         names = names or class_label_names(table.schema)
         rows += table.to_pylist()
     return rows, names, files
@@ -60,7 +60,7 @@ def read_qrels(root: Path, pattern: str) -> list[tuple[str, str, int]]:
     """(query id, document id, score) per judgement of a BEIR qrels TSV (header `query-id corpus-id score`)."""
     judgements = []
     for path in matching_files(root, pattern):
-        with path.open(encoding="utf-8", newline="") as handle:
+        with open_data_text(path, "qrels file", newline="") as handle:
             reader = csv.DictReader(handle, delimiter="\t")
             missing = {"query-id", "corpus-id", "score"} - set(reader.fieldnames or ())
             if missing:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mlmclm.eval.data.data_files import read_parquet_table
 from mlmclm.eval.data.hub_files import HubLayoutError, matching_files
 
 Reader = Callable[[set[str]], dict[str, str]]  # ids -> {id: text}
@@ -30,9 +31,7 @@ def filtered_shard(path: Path, id_column: str, ids: set[str]):
     in arrow, so an 8.8 M-document corpus never becomes Python objects)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
+    table = read_parquet_table(path)
     if id_column not in table.column_names:
         raise HubLayoutError(f"{path}: no column {id_column!r} (have {table.column_names})")
     column = pc.cast(table[id_column], "string")

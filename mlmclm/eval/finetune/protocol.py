@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from collections import defaultdict
@@ -16,6 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
+from mlmclm.bounded_read import open_regular_file, read_regular_json
 from mlmclm.eval.finetune.runner import finetune_and_score
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
@@ -121,7 +123,7 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, path: Path) -> RunRecord:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = read_regular_json(path, what="run record")  # bounded: a planted FIFO must not block the grid
         known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         return cls(**known)
 
@@ -131,18 +133,25 @@ def _score(value: float | None) -> float:
 
 
 _HASH_CACHE: dict[tuple[str, int, int, int], str] = {}
+# A model directory comes from others: its JSON files (config, tokenizer: the largest real tokenizer.json is about
+# 35 MB) are capped, its weights only refused when not regular files (a 2.1B model is GBs, and its size is no sign
+# of harm). Every file the fine-tuning reads is hashed here first, so a FIFO or device is refused before anything
+# (transformers included) would block on it.
+JSON_FILE_LIMIT = 128 << 20
+WEIGHT_FILE_LIMIT = 1 << 50
 
 
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's content, cached per (path, size, mtime_ns, inode) so a grid hashes each model once."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if key not in _HASH_CACHE:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
+def file_digest(path: Path, limit: int = WEIGHT_FILE_LIMIT) -> str:
+    """SHA-256 of a regular file's content, cached per (path, size, mtime_ns, inode) so a grid hashes each model
+    once (anything but a regular file of at most `limit` bytes is refused, bounded_read)."""
+    with open_regular_file(path, limit, "model file") as handle:
+        stat = os.fstat(handle.fileno())
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        if key not in _HASH_CACHE:
+            digest = hashlib.sha256()
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
-        _HASH_CACHE[key] = digest.hexdigest()
+            _HASH_CACHE[key] = digest.hexdigest()
     return _HASH_CACHE[key]
 
 
@@ -151,7 +160,8 @@ def model_fingerprint(model_dir: Path) -> list[tuple[str, str]]:
     model_dir = Path(model_dir)
     files = sorted({*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin"), *model_dir.glob("*.json"),
                     *model_dir.glob("*.model")})
-    return [(p.name, file_digest(p)) for p in files if p.is_file()]
+    return [(p.name, file_digest(p, JSON_FILE_LIMIT if p.suffix == ".json" else WEIGHT_FILE_LIMIT))
+            for p in files if not p.is_dir()]
 
 
 def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlmclm.eval.data.data_files import open_data_text, read_parquet_table
 from mlmclm.eval.finetune.tags import TagError, check_tags
 from mlmclm.eval.finetune.task_spec import SPLITS, TaskDataError, TaskSpec
 
@@ -26,7 +27,7 @@ class SourceRows:
 
 def _read_jsonl(path: Path) -> SourceRows:
     rows, locations = [], []
-    with path.open(encoding="utf-8") as handle:
+    with open_data_text(path, "task data file") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -51,9 +52,7 @@ def read_local_split(folder: Path, split: str) -> SourceRows | None:
         if candidate.exists():
             if suffix == ".jsonl":
                 return _read_jsonl(candidate)
-            import pyarrow.parquet as pq
-
-            return _numbered(str(candidate), pq.read_table(candidate).to_pylist())
+            return _numbered(str(candidate), read_parquet_table(candidate, "task data file").to_pylist())
     return None
 
 

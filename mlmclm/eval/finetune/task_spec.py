@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlmclm.bounded_read import read_regular_json
 from mlmclm.eval.data.splits import seeded_query_halves
 from mlmclm.eval.finetune.tags import TAG_SCHEMES
 from mlmclm.path_names import check_path_component
@@ -180,8 +181,8 @@ class EvalSet:
 def load_task_specs(path: Path) -> list[TaskSpec]:
     """Read a JSON list of task entries (the fields of `TaskSpec`)."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+        raw = read_regular_json(path, what="task list")  # bounded: a FIFO must not block the run
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read task list {path}: {err}") from err
     if not isinstance(raw, list):
         raise ValueError(f"{path}: expected a JSON list of task objects")

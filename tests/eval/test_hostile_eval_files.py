@@ -1,0 +1,73 @@
+"""Files from others that `evaluate.py curve` and `grid` read — a run's train_state.json, the task data, a data
+root's manifest, the task list, run records, a model directory's files — are read bounded: a FIFO (a plain read
+blocked `curve` forever) or a device is refused naming the path, at once."""
+import os
+import re
+import time
+
+import pytest
+from eval_fixtures import make_task_folder
+
+from mlmclm.bounded_read import FileRefusedError
+from mlmclm.eval.data.data_root import read_manifest
+from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid, run_path
+from mlmclm.eval.finetune.task_loading import load_task
+from mlmclm.eval.finetune.task_spec import TaskSpec, load_task_specs
+from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
+
+FIFO = "a FIFO (named pipe), not a regular file"
+PROTOCOL = ProtocolConfig(learning_rates=(1e-3,), seeds=(0,), max_steps=1, batch_size=8)
+
+
+def _refused(call, path) -> None:
+    started = time.monotonic()
+    with pytest.raises(FileRefusedError, match=re.escape(f"{path}: refusing to read this") + ".*" + re.escape(FIFO)):
+        call()
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.timeout(30)
+def test_curve_refuses_a_fifo_train_state_at_once(tmp_path):
+    """The old code's read_text blocked on the FIFO until a writer came (forever)."""
+    state = tmp_path / "run" / "checkpoints" / "iter_0000001" / "train_state.json"
+    state.parent.mkdir(parents=True)
+    os.mkfifo(state)
+    _refused(lambda: evaluate_checkpoints(tmp_path / "run", [], tmp_path / "out", PROTOCOL, progress=False), state)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(30)
+def test_task_files_a_manifest_and_a_task_list_that_are_fifos_are_refused(tmp_path):
+    folder = make_task_folder(tmp_path / "task", "classification", sizes=(8, 4, 4))
+    (folder / "validation.jsonl").unlink()
+    os.mkfifo(folder / "validation.jsonl")
+    _refused(lambda: load_task(TaskSpec(name="t", family="classification", path=str(folder))),
+             folder / "validation.jsonl")
+    parquet = make_task_folder(tmp_path / "pq", "classification", sizes=(8, 4, 4))
+    (parquet / "train.jsonl").unlink()
+    os.mkfifo(parquet / "train.parquet")
+    _refused(lambda: load_task(TaskSpec(name="t", family="classification", path=str(parquet))),
+             parquet / "train.parquet")
+    os.mkfifo(tmp_path / "manifest.json")
+    _refused(lambda: read_manifest(tmp_path), tmp_path / "manifest.json")
+    os.mkfifo(tmp_path / "tasks.json")
+    _refused(lambda: load_task_specs(tmp_path / "tasks.json"), tmp_path / "tasks.json")
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_run_record_or_model_file_is_refused_before_any_run(tmp_path, tiny_model_dir):
+    folder = make_task_folder(tmp_path / "task", "classification", sizes=(8, 4, 4))
+    spec = TaskSpec(name="t", family="classification", path=str(folder), max_length=16)
+    record = run_path(tmp_path / "out", "m", "t", 1e-3, 0)
+    record.parent.mkdir(parents=True)
+    os.mkfifo(record)
+    _refused(lambda: run_grid({"m": tiny_model_dir}, [spec], tmp_path / "out", PROTOCOL, progress=False), record)
+    model = tmp_path / "model"
+    model.mkdir()
+    for item in tiny_model_dir.iterdir():
+        (model / item.name).symlink_to(item)
+    (model / "tokenizer.json").unlink()
+    os.mkfifo(model / "tokenizer.json")   # transformers would block on it
+    _refused(lambda: run_grid({"m": model}, [spec], tmp_path / "out2", PROTOCOL, progress=False),
+             model / "tokenizer.json")
+    assert not (tmp_path / "out2").exists()
