@@ -47,13 +47,35 @@ def class_label_names(schema) -> dict[str, list[str]]:
 
 def read_parquet(root: Path, pattern: str) -> tuple[list[dict[str, Any]], dict[str, list[str]], list[Path]]:
     """(rows, ClassLabel names per column, files read) of every shard matching `pattern`."""
+    rows, names, files, _ = read_parquet_located(root, pattern)
+    return rows, names, files
+
+
+def read_parquet_located(root: Path, pattern: str
+                         ) -> tuple[list[dict[str, Any]], dict[str, list[str]], list[Path], list[str]]:
+    """`read_parquet`, plus where each row came from (`file row n`, 1-based), for errors that name the row."""
     files = matching_files(root, pattern)
-    rows, names = [], {}
+    rows, names, locations = [], {}, []
     for path in files:
         table = read_parquet_table(path)
         names = names or class_label_names(table.schema)
         rows += table.to_pylist()
-    return rows, names, files
+        locations += [f"{path} row {number}" for number in range(1, table.num_rows + 1)]
+    return rows, names, files, locations
+
+
+def tag_names(ids: list, names: list[str], where: str) -> list:
+    """A row's tag ids as the dataset's ClassLabel names (a value already a name is kept). An id outside the names
+    is refused naming the row: Python's indexing made -1 silently the last tag and 42 an IndexError."""
+    out = []
+    for position, tag in enumerate(ids, start=1):
+        if isinstance(tag, int) and not isinstance(tag, bool):
+            if not 0 <= tag < len(names):
+                raise HubLayoutError(f"{where}: tag id {tag} (token {position}) is outside the dataset's "
+                                     f"{len(names)} tag names (ids 0 to {len(names) - 1})")
+            tag = names[tag]
+        out.append(tag)
+    return out
 
 
 def read_qrels(root: Path, pattern: str) -> list[tuple[str, str, int]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmclm.eval.data.data_files import open_data_text, read_parquet_table
+from mlmclm.eval.data.hub_files import tag_names
 from mlmclm.eval.finetune.tags import TagError, check_tags
 from mlmclm.eval.finetune.task_spec import SPLITS, TaskDataError, TaskSpec
 
@@ -79,10 +80,11 @@ def read_hf_splits(spec: TaskSpec) -> dict[str, SourceRows]:
         tag_column = spec.columns.get("tags", "tags")
         feature = dataset.features.get(tag_column)
         names = getattr(getattr(feature, "feature", None), "names", None)
+        numbered = _numbered(f"hf:{spec.hf_name} [{source}]", rows)
         if names:
-            for row in rows:
-                row[tag_column] = [names[i] for i in row[tag_column]]
-        out[split] = _numbered(f"hf:{spec.hf_name} [{source}]", rows)
+            for row, where in zip(rows, numbered.locations):
+                row[tag_column] = tag_names(row[tag_column], names, where)
+        out[split] = numbered
     return out
 
 
@@ -173,8 +175,8 @@ def _read_source_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     out = {}
     for split, source in wanted.items():
         part = parts[source]
-        numbered = _numbered(part.origin, part.rows)
-        out[split] = SourceRows(part.origin, part.rows, numbered.locations, part.label_names, part.corpus)
+        locations = part.locations or _numbered(part.origin, part.rows).locations
+        out[split] = SourceRows(part.origin, part.rows, locations, part.label_names, part.corpus)
     return out
 
 

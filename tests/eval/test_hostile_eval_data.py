@@ -1,0 +1,43 @@
+"""Evaluation data from others is checked, not taken on trust: tag ids outside a dataset's ClassLabel names are
+refused naming the file and row (Python's indexing made -1 silently the last tag and 42 an IndexError)."""
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hub_fixtures import REVISIONS, build_mirror
+
+from mlmclm.eval.data.fetch import fetch_suite, mirror
+from mlmclm.eval.finetune.presets import paper_suite
+from mlmclm.eval.finetune.task_loading import load_task
+
+CONLL_TRAIN = "hgissbkh/conll2003-en/data/train-00000-of-00001.parquet"
+
+
+def _edit_parquet(path: Path, edit) -> None:
+    """Rewrite a shard with `edit(rows)` applied, keeping its schema (and the ClassLabel names in its metadata)."""
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    edit(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+
+
+def _fetched(tmp_path: Path, task: str, edit_mirror=None) -> Path:
+    """A data root written by the real fetch from a mirror of the paper repositories, `edit_mirror(mirror)` first."""
+    source = build_mirror(tmp_path / "mirror")
+    if edit_mirror is not None:
+        edit_mirror(source)
+    fetch_suite(tmp_path / "data", [task], hub=mirror(source, dict(REVISIONS)), progress=False)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("tag", [-1, 42])
+def test_a_tag_id_outside_the_classlabel_names_is_refused_naming_file_and_row(tmp_path, tag):
+    def plant(rows):
+        rows[2]["ner"][1] = tag
+
+    root = _fetched(tmp_path, "conll2003", lambda m: _edit_parquet(m / CONLL_TRAIN, plant))
+    [spec] = paper_suite(root, ["conll2003"])
+    with pytest.raises(ValueError, match=rf"{root / CONLL_TRAIN} row 3: tag id {tag} \(token 2\) is outside the "
+                                         r"dataset's 9 tag names \(ids 0 to 8\)"):
+        load_task(spec)
