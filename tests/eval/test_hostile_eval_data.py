@@ -1,5 +1,7 @@
 """Evaluation data from others is checked, not taken on trust: tag ids outside a dataset's ClassLabel names are
-refused naming the file and row (Python's indexing made -1 silently the last tag and 42 an IndexError)."""
+refused naming the file and row (Python's indexing made -1 silently the last tag and 42 an IndexError); a data
+root's manifest of the wrong shape is one line and exit 2."""
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,3 +43,26 @@ def test_a_tag_id_outside_the_classlabel_names_is_refused_naming_file_and_row(tm
     with pytest.raises(ValueError, match=rf"{root / CONLL_TRAIN} row 3: tag id {tag} \(token 2\) is outside the "
                                          r"dataset's 9 tag names \(ids 0 to 8\)"):
         load_task(spec)
+
+
+def _evaluate_main():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_cli", Path(__file__).resolve().parents[2] / "tools" /
+                                                  "evaluate.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli.main
+
+
+@pytest.mark.parametrize("manifest", [
+    [], {"repos": []}, {"repos": {"nyu-mll/glue": []}},
+    {"repos": {"nyu-mll/glue": {"revision": "a", "complete": True, "files": {"sst2/x.parquet": 3}}}},
+])
+def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, capsys, manifest):
+    """The old code ended in an AttributeError traceback."""
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert _evaluate_main()(["grid", "--list", "--task", "sst2", "--data-root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"evaluate: error: {tmp_path / 'manifest.json'}: ") and err.count("\n") == 1, err
+

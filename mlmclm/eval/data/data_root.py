@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from mlmclm.bounded_read import read_regular_json
+from mlmclm.eval.data.root_check import check_shape
 from mlmclm.eval.data.sources import REPOS, RootOf
 
 MANIFEST = "manifest.json"
@@ -22,9 +23,10 @@ def read_manifest(data_root: Path) -> dict:
         raise DataRootError(f"{data_root}: no {MANIFEST}: --data-root takes a folder written by "
                             f"`tools/evaluate.py fetch --suite paper --out {data_root}`")
     try:
-        return read_regular_json(path, what="data root manifest")  # bounded: a FIFO must not block the run
+        manifest = read_regular_json(path, what="data root manifest")  # bounded: a FIFO must not block the run
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DataRootError(f"{path}: not valid JSON ({err})") from err
+    return check_shape(manifest, path)
 
 
 def check_manifest(data_root: Path, repos: list[str], allow_other_revisions: bool = False) -> dict:
@@ -32,7 +34,7 @@ def check_manifest(data_root: Path, repos: list[str], allow_other_revisions: boo
     unpinned repo accepts the revision fetch recorded). A disagreement names the repo and is refused unless
     `allow_other_revisions`."""
     manifest = read_manifest(data_root)
-    entries = manifest.get("repos", {})
+    entries = manifest["repos"]
     for repo in repos:
         entry = entries.get(repo)
         if entry is None or not entry.get("complete"):
