@@ -1,7 +1,9 @@
 """Evaluation data from others is checked, not taken on trust: tag ids outside a dataset's ClassLabel names are
 refused naming the file and row (Python's indexing made -1 silently the last tag and 42 an IndexError); a data
-root's manifest of the wrong shape is one line and exit 2."""
+root's manifest of the wrong shape is one line and exit 2; its row counts are checked, and a file linked out of the
+root or an unlisted shard is refused."""
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -45,6 +47,9 @@ def test_a_tag_id_outside_the_classlabel_names_is_refused_naming_file_and_row(tm
         load_task(spec)
 
 
+SST2_TRAIN = "nyu-mll/glue/sst2/train-00000-of-00001.parquet"
+
+
 def _evaluate_main():
     import importlib.util
 
@@ -66,3 +71,37 @@ def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err.startswith(f"evaluate: error: {tmp_path / 'manifest.json'}: ") and err.count("\n") == 1, err
 
+
+def _sst2(root: Path):
+    [spec] = paper_suite(root, ["sst2"])
+    return spec
+
+
+def test_the_manifests_row_counts_are_checked(tmp_path):
+    root = _fetched(tmp_path, "sst2")
+    load_task(_sst2(root))  # as fetched: read
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["repos"]["nyu-mll/glue"]["files"]["sst2/train-00000-of-00001.parquet"]["rows"] = 999_999
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"{root / SST2_TRAIN} \(listed in {root / 'manifest.json'}\): holds 16 "
+                                         r"rows, the manifest records 999999"):
+        load_task(_sst2(root))
+
+
+def test_a_file_linked_out_of_the_data_root_or_an_unlisted_shard_is_refused(tmp_path):
+    root = _fetched(tmp_path, "sst2")
+    outside = tmp_path / "elsewhere.parquet"
+    shutil.copyfile(root / SST2_TRAIN, outside)           # the same bytes and rows: only the place is wrong
+    (root / SST2_TRAIN).unlink()
+    (root / SST2_TRAIN).symlink_to(outside)
+    with pytest.raises(ValueError, match=rf"{root / SST2_TRAIN} .*: refusing to read it: it leads out of the data "
+                                         rf"root {root} \(to {outside}\)"):
+        load_task(_sst2(root))
+    (root / SST2_TRAIN).unlink()
+    shutil.copyfile(outside, root / SST2_TRAIN)
+    load_task(_sst2(root))
+    extra = root / "nyu-mll/glue/sst2/train-00001-of-00002.parquet"   # would add its rows to train
+    shutil.copyfile(outside, extra)
+    with pytest.raises(ValueError, match=rf"{extra}: not listed in {root / 'manifest.json'}, yet the suite would "
+                                         r"read it"):
+        load_task(_sst2(root))

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from mlmclm.bounded_read import read_regular_json
-from mlmclm.eval.data.root_check import check_shape
+from mlmclm.eval.data.root_check import check_repo_files, check_shape
 from mlmclm.eval.data.sources import REPOS, RootOf
 
 MANIFEST = "manifest.json"
@@ -44,6 +44,7 @@ def check_manifest(data_root: Path, repos: list[str], allow_other_revisions: boo
         if pin is not None and entry.get("revision") != pin and not allow_other_revisions:
             raise DataRootError(f"{data_root}: {repo} holds revision {entry.get('revision')} but the suite pins "
                                 f"{pin}; fetch again, or pass --allow-other-revisions to evaluate on it anyway")
+        check_repo_files(data_root, repo, entry, REPOS[repo].files, Path(data_root) / MANIFEST)
     return manifest
 
 
