@@ -1,6 +1,8 @@
 """Files from others that `evaluate.py curve` and `grid` read — a run's train_state.json, the task data, a data
 root's manifest, the task list, run records, a model directory's files — are read bounded: a FIFO (a plain read
-blocked `curve` forever) or a device is refused naming the path, at once."""
+blocked `curve` forever) or a device is refused naming the path, at once. A run record is reused only for the
+data it read."""
+import json
 import os
 import re
 import time
@@ -71,3 +73,25 @@ def test_a_fifo_run_record_or_model_file_is_refused_before_any_run(tmp_path, tin
     _refused(lambda: run_grid({"m": model}, [spec], tmp_path / "out2", PROTOCOL, progress=False),
              model / "tokenizer.json")
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_record_is_not_reused_after_its_data_changed(tmp_path, tiny_model_dir):
+    """Same path, same row count, other rows: the old fingerprint covered the task's path only, and the record
+    (which still named the old rows) was reused."""
+    folder = make_task_folder(tmp_path / "task", "classification", sizes=(8, 4, 4))
+    spec = TaskSpec(name="t", family="classification", path=str(folder), max_length=16)
+    out = tmp_path / "out"
+    run_grid({"m": tiny_model_dir}, [spec], out, PROTOCOL, progress=False)
+    record = run_path(out, "m", "t", 1e-3, 0)
+    first = json.loads(record.read_text())
+    run_grid({"m": tiny_model_dir}, [spec], out, PROTOCOL, progress=False)
+    assert json.loads(record.read_text()) == first  # the same data: reused
+    train = folder / "train.jsonl"
+    lines = train.read_text().splitlines()
+    lines[0] = json.dumps({"text": "a very good film", "label": "pos"})
+    train.write_text("\n".join(lines) + "\n")
+    run_grid({"m": tiny_model_dir}, [spec], out, PROTOCOL, progress=False)
+    second = json.loads(record.read_text())
+    assert second["fingerprint"] != first["fingerprint"]
+    assert second["extra"]["data"]["train"]["rows"] == first["extra"]["data"]["train"]["rows"] == 8
+    assert second["extra"]["data"]["train"]["sha256"] != first["extra"]["data"]["train"]["sha256"]

@@ -164,15 +164,24 @@ def model_fingerprint(model_dir: Path) -> list[tuple[str, str]]:
             for p in files if not p.is_dir()]
 
 
-def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:
+def data_identity(data: TaskData) -> dict[str, Any]:
+    """What a run read: per source split its origin (file, or repo@revision), row count and rows' digest, for the
+    task and each extra test set (task_rows.provenance_of)."""
+    return {"task": data.provenance, "extra_tests": {name: s.provenance for name, s in data.extra_tests.items()}}
+
+
+def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig, data: dict | None = None) -> str:
     """Changes when anything that affects the result changes — the model files' *content* included, so a
-    re-export into the same directory is never mistaken for the model that was evaluated."""
+    re-export into the same directory is never mistaken for the model that was evaluated, and the data read
+    (`data_identity`): the same task path or data root holding another revision or other rows is other data."""
     fields = asdict(spec)
     for name, default in _LATER_FIELDS.items():  # at their defaults, later fields leave fingerprints as they were
         if fields[name] == default:
             del fields[name]
-    payload = json.dumps({"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)},
-                         sort_keys=True)
+    content = {"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)}
+    if data is not None:
+        content["data"] = data
+    payload = json.dumps(content, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -216,7 +225,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
     for label, directory, data, lr, seed in bar:
         bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
         config = protocol.finetune_config(lr, seed, data.spec.family, data.spec.name)
-        fingerprint = run_fingerprint(directory, data.spec, config)
+        fingerprint = run_fingerprint(directory, data.spec, config, data_identity(data))
         path = run_path(output_dir, label, data.spec.name, lr, seed)
         record = _finished(path, fingerprint)
         extra_paths = {name: run_path(output_dir, label, name, lr, seed) for name in data.extra_tests}

@@ -3,6 +3,7 @@
 normalised. Which source split each of our splits is read from depends on the split protocol."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,13 +181,24 @@ def _read_source_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     return out
 
 
+def rows_digest(rows) -> str:
+    """A digest of rows as read (each as sorted-key JSON, in order): any change of their content changes it."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=repr).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
 def provenance_of(raw: dict[str, SourceRows], spec: TaskSpec) -> dict[str, Any]:
-    """Per source split, where its rows came from and how many it held (what every run record carries)."""
+    """Per source split, where its rows came from, how many it held and their digest (what every run record carries,
+    and what its fingerprint covers: the same path or revision with other rows is other data)."""
     names = source_splits(spec)
-    out = {names[split]: {"origin": rows.source, "rows": len(rows.rows)} for split, rows in raw.items()}
+    out = {names[split]: {"origin": rows.source, "rows": len(rows.rows), "sha256": rows_digest(rows.rows)}
+           for split, rows in raw.items()}
     corpus = next((rows.corpus for rows in raw.values() if rows.corpus is not None), None)
     if corpus is not None:
-        out["corpus"] = {"documents": len(corpus)}
+        out["corpus"] = {"documents": len(corpus), "sha256": rows_digest(sorted(corpus.items()))}
     return out
 
 
