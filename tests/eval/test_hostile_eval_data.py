@@ -105,3 +105,16 @@ def test_a_file_linked_out_of_the_data_root_or_an_unlisted_shard_is_refused(tmp_
     with pytest.raises(ValueError, match=rf"{extra}: not listed in {root / 'manifest.json'}, yet the suite would "
                                          r"read it"):
         load_task(_sst2(root))
+
+
+def test_a_qrels_field_over_csvs_limit_is_refused_naming_file_and_line(tmp_path):
+    """csv's `field larger than field limit (131072)` came out as a bare _csv.Error naming nothing."""
+    from mlmclm.eval.data.hub_files import HubLayoutError, read_qrels
+
+    qrels = tmp_path / "test.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\t" + "d" * (200 * 1024) + "\t1\n")
+    with pytest.raises(HubLayoutError, match=rf"^{qrels}:3: not a qrels TSV \(field larger than field limit"):
+        read_qrels(tmp_path, "test.tsv")
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\tone\n")
+    with pytest.raises(HubLayoutError, match=rf"^{qrels}:2: bad qrels row"):
+        read_qrels(tmp_path, "test.tsv")

@@ -84,12 +84,17 @@ def read_qrels(root: Path, pattern: str) -> list[tuple[str, str, int]]:
     for path in matching_files(root, pattern):
         with open_data_text(path, "qrels file", newline="") as handle:
             reader = csv.DictReader(handle, delimiter="\t")
-            missing = {"query-id", "corpus-id", "score"} - set(reader.fieldnames or ())
-            if missing:
-                raise HubLayoutError(f"{path}: qrels header lacks {sorted(missing)} (have {reader.fieldnames})")
-            for line, row in enumerate(reader, start=2):
-                try:
-                    judgements.append((str(row["query-id"]), str(row["corpus-id"]), int(row["score"])))
-                except (TypeError, ValueError) as err:
-                    raise HubLayoutError(f"{path}:{line}: bad qrels row {row} ({err})") from err
+            try:
+                missing = {"query-id", "corpus-id", "score"} - set(reader.fieldnames or ())
+                if missing:
+                    raise HubLayoutError(f"{path}: qrels header lacks {sorted(missing)} (have {reader.fieldnames})")
+                for row in reader:
+                    try:
+                        judgements.append((str(row["query-id"]), str(row["corpus-id"]), int(row["score"])))
+                    except (TypeError, ValueError) as err:
+                        raise HubLayoutError(f"{path}:{reader.line_num}: bad qrels row ({err})") from None
+            except (csv.Error, UnicodeDecodeError) as err:
+                # csv's own refusals (a field over its 128 KiB limit, a NUL) name neither the file nor the line (the
+                # line being read when it fails is the one after line_num)
+                raise HubLayoutError(f"{path}:{reader.line_num + 1}: not a qrels TSV ({err})") from None
     return judgements
