@@ -95,3 +95,42 @@ def test_a_record_is_not_reused_after_its_data_changed(tmp_path, tiny_model_dir)
     assert second["fingerprint"] != first["fingerprint"]
     assert second["extra"]["data"]["train"]["rows"] == first["extra"]["data"]["train"]["rows"] == 8
     assert second["extra"]["data"]["train"]["sha256"] != first["extra"]["data"]["train"]["sha256"]
+
+
+def _evaluate_main():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("evaluate_cli", Path(__file__).resolve().parents[2] / "tools" /
+                                                  "evaluate.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli.main
+
+
+GOOD_RECORD = {"model": "m", "task": "t", "family": "classification", "main_metric": "accuracy",
+               "learning_rate": 1e-3, "seed": 0, "validation": {"accuracy": 0.5}, "test": {"accuracy": 0.5},
+               "diverged": False, "steps": 1, "train_loss_first": 0.7, "train_loss_last": 0.6, "fingerprint": "f",
+               "extra": {"notes": [], "data": {"train": {"origin": "x", "rows": 8}}}}
+
+
+@pytest.mark.parametrize("record, words", [
+    ("[1, 2]", "not a run record: expected a JSON object, got list"),
+    ("{not json", "not a run record: not valid JSON"),
+    (json.dumps({**GOOD_RECORD, "validation": [0.5]}), "field 'validation' must be an object of metric -> number"),
+    (json.dumps({**GOOD_RECORD, "test": {"accuracy": "high"}}), "field 'test' must be"),
+    (json.dumps({k: v for k, v in GOOD_RECORD.items() if k != "seed"}), "not a run record: no field 'seed'"),
+    (json.dumps({**GOOD_RECORD, "extra": {"data": ["train"]}}), "field 'extra.data' must be"),
+    (json.dumps({**GOOD_RECORD, "family": "poetry"}), "field 'family' must be one of"),
+])
+def test_summary_over_a_bad_run_json_is_one_line_naming_it_and_exit_2(tmp_path, capsys, record, words):
+    """The old code ended in a TypeError or AttributeError traceback."""
+    path = tmp_path / "runs" / "m" / "t" / "lr0.001_seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(record)
+    assert _evaluate_main()(["summary", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"evaluate: error: {path}: {words}") and err.count("\n") == 1, err
+    assert not (tmp_path / "summary.md").exists()
+    path.write_text(json.dumps(GOOD_RECORD))
+    assert _evaluate_main()(["summary", "--output", str(tmp_path)]) == 0

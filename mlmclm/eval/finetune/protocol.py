@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.bounded_read import open_regular_file, read_regular_json
+from mlmclm.eval.finetune.record_check import RunRecordError, check_record
 from mlmclm.eval.finetune.runner import finetune_and_score
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
@@ -123,7 +124,11 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, path: Path) -> RunRecord:
-        raw = read_regular_json(path, what="run record")  # bounded: a planted FIFO must not block the grid
+        try:
+            raw = read_regular_json(path, what="run record")  # bounded: a planted FIFO must not block the grid
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RunRecordError(f"{path}: not a run record: not valid JSON ({err})") from None
+        raw = check_record(raw, path)  # every field the summary reads, with its type (record_check.py)
         known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         return cls(**known)
 
@@ -204,7 +209,7 @@ def _finished(path: Path, fingerprint: str) -> RunRecord | None:
         return None
     try:
         record = RunRecord.from_json(path)
-    except (json.JSONDecodeError, TypeError, KeyError):
+    except RunRecordError:  # damaged or not ours: run again (written anew under that name)
         return None
     return record if record.fingerprint == fingerprint else None
 
