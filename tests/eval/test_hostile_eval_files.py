@@ -134,3 +134,18 @@ def test_summary_over_a_bad_run_json_is_one_line_naming_it_and_exit_2(tmp_path, 
     assert not (tmp_path / "summary.md").exists()
     path.write_text(json.dumps(GOOD_RECORD))
     assert _evaluate_main()(["summary", "--output", str(tmp_path)]) == 0
+
+
+def test_a_model_label_too_long_for_a_file_name_is_refused_before_any_fine_tuning(tmp_path, capsys,
+                                                                                 tiny_model_dir):
+    """The old code fine-tuned, then could not write the record (`File name too long`): the work was lost."""
+    folder = make_task_folder(tmp_path / "task", "classification", sizes=(8, 4, 4))
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"name": "t", "family": "classification", "path": str(folder), "max_length": 16}]))
+    out = tmp_path / "out"
+    label = "m" * 300
+    assert _evaluate_main()(["grid", "--model", f"{label}={tiny_model_dir}", "--tasks", str(tasks), "--lrs", "1e-3",
+                             "--seeds", "0", "--max-steps", "1", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evaluate: error: model label is 300 bytes long, more than the 255 a file name may hold")
+    assert err.count("\n") == 1 and not out.exists()  # no run was made (its record would be under out)
