@@ -24,6 +24,7 @@ from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
+from mlmclm.pickled_weights import load_plain_tensors
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
@@ -190,6 +191,15 @@ def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig, dat
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def check_pickled_weights(model_dir: Path) -> None:
+    """A model directory without safetensors is loaded from its pickled `*.bin` files: read each with the
+    weights-only loader now, so that one holding more than tensors is refused in one line before any run, not in
+    transformers' traceback (which advises `weights_only=False`) after the first fine-tune started."""
+    if not any(model_dir.glob("*.safetensors")):
+        for path in sorted(model_dir.glob("*.bin")):
+            load_plain_tensors(path)
+
+
 def run_path(output_dir: Path, model: str, task: str, learning_rate: float, seed: int) -> Path:
     """Where a run's record goes: always inside `output_dir` (label and task are single path components)."""
     return (Path(output_dir) / RUNS_FOLDER / check_path_component(model, "model label")
@@ -221,6 +231,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
         check_path_component(label, "model label")
         if not (Path(directory) / "config.json").exists():
             raise FileNotFoundError(f"model {label!r}: {directory} is not a Hugging Face model directory (no config.json)")
+        check_pickled_weights(Path(directory))
     loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
     plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
             for lr in protocol.learning_rates for seed in protocol.seeds]
