@@ -25,6 +25,7 @@ from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
 from mlmclm.pickled_weights import load_plain_tensors
+from mlmclm.tokenizer_probe import probe_tokenizer
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
@@ -232,6 +233,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
         if not (Path(directory) / "config.json").exists():
             raise FileNotFoundError(f"model {label!r}: {directory} is not a Hugging Face model directory (no config.json)")
         check_pickled_weights(Path(directory))
+        probe_tokenizer(Path(directory))  # a hostile tokenizer.json: one line now, not a hang or a panic later
     loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
     plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
             for lr in protocol.learning_rates for seed in protocol.seeds]
