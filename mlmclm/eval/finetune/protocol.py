@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from mlmclm.atomic_write import write_atomic
 from mlmclm.bounded_read import open_regular_file, read_regular_json
+from mlmclm.eval.data.data_files import MAX_ROW_CHARS
 from mlmclm.eval.finetune.record_check import RunRecordError, check_record
 from mlmclm.eval.finetune.runner import finetune_and_score
 from mlmclm.eval.finetune.task_loading import load_task
@@ -47,7 +48,7 @@ SEEDED_HALVES_NOTE = ("validation / test = halves of the test queries drawn with
 FEW_STEPS = 50
 # TaskSpec fields added after runs were recorded, with their defaults: a spec at these defaults fingerprints as
 # before them, so finished runs of standard tasks are not re-run.
-_LATER_FIELDS = {"rules": "standard", "tag_scheme": "IOB2"}
+_LATER_FIELDS = {"rules": "standard", "tag_scheme": "IOB2", "max_row_chars": MAX_ROW_CHARS}
 
 
 @dataclass(frozen=True)

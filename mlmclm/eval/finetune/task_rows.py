@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlmclm.eval.data.data_files import open_data_text, read_parquet_table
+from mlmclm.eval.data.data_files import (JSON_ESCAPE_FACTOR, MAX_ROW_CHARS, open_data_text, read_parquet_table,
+                                         text_chars)
 from mlmclm.eval.data.hub_files import tag_names
 from mlmclm.eval.finetune.tags import TagError, check_tags
 from mlmclm.eval.finetune.task_spec import SPLITS, TaskDataError, TaskSpec
@@ -27,10 +28,20 @@ class SourceRows:
     corpus: dict[str, str] | None = None  # id-keyed retrieval corpus shared by the set's splits
 
 
-def _read_jsonl(path: Path) -> SourceRows:
+def too_long(where: str, chars: int | None, limit: int) -> TaskDataError:
+    size = f"{chars:,} characters" if chars is not None else "more characters"
+    return TaskDataError(f"{where}: a row of {size} of text, more than the {limit:,} a row may hold; refusing to "
+                         f"hold it (cut the row, or raise the task's max_row_chars)")
+
+
+def _read_jsonl(path: Path, max_chars: int = MAX_ROW_CHARS) -> SourceRows:
     rows, locations = [], []
+    line_limit = JSON_ESCAPE_FACTOR * max_chars + 4096
     with open_data_text(path, "task data file") as handle:
-        for number, line in enumerate(handle, start=1):
+        # readline's limit: a line without an end is never read whole
+        for number, line in enumerate(iter(lambda: handle.readline(line_limit + 1), ""), start=1):
+            if len(line) > line_limit:
+                raise too_long(f"{path}:{number}", None, max_chars)
             if not line.strip():
                 continue
             try:
@@ -48,12 +59,12 @@ def _numbered(source: str, rows: list[dict[str, Any]]) -> SourceRows:
     return SourceRows(source, rows, [f"{source} row {number}" for number in range(1, len(rows) + 1)])
 
 
-def read_local_split(folder: Path, split: str) -> SourceRows | None:
+def read_local_split(folder: Path, split: str, max_chars: int = MAX_ROW_CHARS) -> SourceRows | None:
     for suffix in (".jsonl", ".parquet"):
         candidate = folder / f"{split}{suffix}"
         if candidate.exists():
             if suffix == ".jsonl":
-                return _read_jsonl(candidate)
+                return _read_jsonl(candidate, max_chars)
             return _numbered(str(candidate), read_parquet_table(candidate, "task data file").to_pylist())
     return None
 
@@ -156,6 +167,9 @@ def normalise_rows(spec: TaskSpec, raw: SourceRows, locations: dict[int, str] | 
     """Validated rows in our schema; `locations`, when given, receives id(row) -> where the row came from."""
     normalised = []
     for index, (row, where) in enumerate(zip(_rename(raw.rows, spec.columns), raw.locations)):
+        chars = text_chars(row)
+        if chars > spec.max_row_chars:  # before any tokenizer sees it (prepare_data's bound, for evaluation data)
+            raise too_long(where, chars, spec.max_row_chars)
         out = _normalise_row(spec.family, row, where, index)
         if out is not None:
             normalised.append(out)
@@ -211,5 +225,5 @@ def read_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     if not folder.is_dir():
         raise TaskDataError(f"task {spec.name!r}: data folder {folder} does not exist")
     return {split: rows for split, source in source_splits(spec).items()
-            if (rows := read_local_split(folder, source)) is not None}
+            if (rows := read_local_split(folder, source, spec.max_row_chars)) is not None}
 
