@@ -12,7 +12,7 @@ from mlmclm.tokenizer_probe import TokenizerRefusedError, probe_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "eval"))
-from eval_fixtures import save_tiny_model  # noqa: E402
+from eval_fixtures import evaluate_main, save_tiny_model  # noqa: E402
 
 
 def _model(directory: Path, edit=None) -> Path:
@@ -46,12 +46,14 @@ def test_a_sound_tokenizer_passes(tmp_path):
     probe_tokenizer(_model(tmp_path / "m"))
 
 
-def test_a_catastrophic_pattern_is_refused_in_one_line(tmp_path):
-    model = _model(tmp_path / "m", _catastrophic)
+@pytest.mark.parametrize("edit, cause", [(_catastrophic, "Onig: Regex search error: retry-limit-in-match over"),
+                                         (_panicking, "no entry found for key")])
+def test_a_panic_is_one_line(tmp_path, edit, cause):
+    model = _model(tmp_path / "m", edit)
     with pytest.raises(TokenizerRefusedError) as caught:
         probe_tokenizer(model)
     assert str(caught.value) == (f"{model / 'tokenizer.json'}: refused: the tokenizers library panicked on ordinary "
-                                 f"text: Onig: Regex search error: retry-limit-in-match over")
+                                 f"text: {cause}")
 
 
 def test_a_tokenizer_too_slow_is_killed_at_the_deadline(tmp_path):
@@ -63,18 +65,8 @@ def test_a_tokenizer_too_slow_is_killed_at_the_deadline(tmp_path):
     assert time.monotonic() - started < 5
 
 
-def test_a_panic_is_one_line(tmp_path):
-    model = _model(tmp_path / "m", _panicking)
-    with pytest.raises(TokenizerRefusedError) as caught:
-        probe_tokenizer(model)
-    assert str(caught.value) == (f"{model / 'tokenizer.json'}: refused: the tokenizers library panicked on ordinary "
-                                 f"text: no entry found for key")
-
-
 def test_evaluate_refuses_a_panicking_tokenizer_before_any_run(tmp_path, capsys):
     """The old code let the PanicException escape evaluate.py's `except` clauses: a Rust traceback."""
-    import importlib.util
-
     model = _model(tmp_path / "m", _panicking)
     folder = tmp_path / "task"
     folder.mkdir()
@@ -82,11 +74,8 @@ def test_evaluate_refuses_a_panicking_tokenizer_before_any_run(tmp_path, capsys)
                                                 for i in range(8)))
     tasks = tmp_path / "tasks.json"
     tasks.write_text(json.dumps([{"name": "t", "family": "classification", "path": str(folder)}]))
-    spec = importlib.util.spec_from_file_location("evaluate_cli", REPO / "tools" / "evaluate.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     capsys.readouterr()
-    assert cli.main(["grid", "--model", f"m={model}", "--tasks", str(tasks), "--lrs", "1e-3", "--seeds", "0",
+    assert evaluate_main()(["grid", "--model", f"m={model}", "--tasks", str(tasks), "--lrs", "1e-3", "--seeds", "0",
                      "--max-steps", "1", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err == (f"evaluate: error: {model / 'tokenizer.json'}: refused: the tokenizers library panicked on "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from eval_fixtures import evaluate_main
 from hub_fixtures import REVISIONS, build_mirror
 
 from mlmclm.eval.data.fetch import fetch_suite, mirror
@@ -51,16 +52,6 @@ def test_a_tag_id_outside_the_classlabel_names_is_refused_naming_file_and_row(tm
 SST2_TRAIN = "nyu-mll/glue/sst2/train-00000-of-00001.parquet"
 
 
-def _evaluate_main():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("evaluate_cli", Path(__file__).resolve().parents[2] / "tools" /
-                                                  "evaluate.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    return cli.main
-
-
 @pytest.mark.parametrize("manifest", [
     [], {"repos": []}, {"repos": {"nyu-mll/glue": []}},
     {"repos": {"nyu-mll/glue": {"revision": "a", "complete": True, "files": {"sst2/x.parquet": 3}}}},
@@ -68,7 +59,7 @@ def _evaluate_main():
 def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, capsys, manifest):
     """The old code ended in an AttributeError traceback."""
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    assert _evaluate_main()(["grid", "--list", "--task", "sst2", "--data-root", str(tmp_path)]) == 2
+    assert evaluate_main()(["grid", "--list", "--task", "sst2", "--data-root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"evaluate: error: {tmp_path / 'manifest.json'}: ") and err.count("\n") == 1, err
 

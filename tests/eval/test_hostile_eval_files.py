@@ -8,7 +8,7 @@ import re
 import time
 
 import pytest
-from eval_fixtures import make_task_folder
+from eval_fixtures import evaluate_main, make_task_folder
 
 from mlmclm.bounded_read import FileRefusedError
 from mlmclm.eval.data.data_root import read_manifest
@@ -97,17 +97,6 @@ def test_a_record_is_not_reused_after_its_data_changed(tmp_path, tiny_model_dir)
     assert second["extra"]["data"]["train"]["sha256"] != first["extra"]["data"]["train"]["sha256"]
 
 
-def _evaluate_main():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("evaluate_cli", Path(__file__).resolve().parents[2] / "tools" /
-                                                  "evaluate.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    return cli.main
-
-
 GOOD_RECORD = {"model": "m", "task": "t", "family": "classification", "main_metric": "accuracy",
                "learning_rate": 1e-3, "seed": 0, "validation": {"accuracy": 0.5}, "test": {"accuracy": 0.5},
                "diverged": False, "steps": 1, "train_loss_first": 0.7, "train_loss_last": 0.6, "fingerprint": "f",
@@ -128,12 +117,12 @@ def test_summary_over_a_bad_run_json_is_one_line_naming_it_and_exit_2(tmp_path, 
     path = tmp_path / "runs" / "m" / "t" / "lr0.001_seed0.json"
     path.parent.mkdir(parents=True)
     path.write_text(record)
-    assert _evaluate_main()(["summary", "--output", str(tmp_path)]) == 2
+    assert evaluate_main()(["summary", "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"evaluate: error: {path}: {words}") and err.count("\n") == 1, err
     assert not (tmp_path / "summary.md").exists()
     path.write_text(json.dumps(GOOD_RECORD))
-    assert _evaluate_main()(["summary", "--output", str(tmp_path)]) == 0
+    assert evaluate_main()(["summary", "--output", str(tmp_path)]) == 0
 
 
 def test_a_model_label_too_long_for_a_file_name_is_refused_before_any_fine_tuning(tmp_path, capsys,
@@ -144,7 +133,7 @@ def test_a_model_label_too_long_for_a_file_name_is_refused_before_any_fine_tunin
     tasks.write_text(json.dumps([{"name": "t", "family": "classification", "path": str(folder), "max_length": 16}]))
     out = tmp_path / "out"
     label = "m" * 300
-    assert _evaluate_main()(["grid", "--model", f"{label}={tiny_model_dir}", "--tasks", str(tasks), "--lrs", "1e-3",
+    assert evaluate_main()(["grid", "--model", f"{label}={tiny_model_dir}", "--tasks", str(tasks), "--lrs", "1e-3",
                              "--seeds", "0", "--max-steps", "1", "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("evaluate: error: model label is 300 bytes long, more than the 255 a file name may hold")
