@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -19,6 +20,10 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+class NotFiniteError(ValueError):
+    """A float field holding NaN or an infinity (JSON's NaN/Infinity, YAML's .nan/.inf, Python's float('nan'))."""
+
+
 def _convert(value: Any, hint: Any, where: str) -> Any:
     origin = get_origin(hint)
     if hint is Any:
@@ -33,6 +38,8 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
                 continue
             try:
                 return _convert(value, option, where)
+            except NotFiniteError:
+                raise  # its own message, not lost among the other options'
             except (TypeError, ValueError) as err:
                 errors.append(str(err))
         raise ValueError(f"{where}: {value!r} fits none of {hint}: {'; '.join(errors)}")
@@ -54,6 +61,9 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             return value
         return from_dict(hint, value, where)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # NaN passes every `x <= 0` style check after it (all comparisons with it are false): refused here, by name
+        if not math.isfinite(value):
+            raise NotFiniteError(f"{where}: must be a finite number, got {value!r}")
         return float(value)
     if hint is int and isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -75,6 +85,24 @@ def from_dict(cls, data: dict, where: str = "") -> Any:
         raise ValueError(f"{where or cls.__name__}: unknown field(s) {sorted(unknown)}; known: {sorted(names)}")
     kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     return cls(**kwargs)
+
+
+def check_fields(obj: Any, where: str = "") -> None:
+    """Refuse, naming the field, any value of a built dataclass tree that `from_dict` would not take: a wrong type
+    (a float where an int belongs: `1e12` parses as a float) or a non-finite float. A config built another way than
+    `from_dict` (recipes build it with fiddle, which checks no types) gets the same checks; nested dataclasses and
+    lists of them are walked."""
+    hints = get_type_hints(type(obj))
+    for item in dataclasses.fields(obj):
+        name = f"{where}.{item.name}" if where else item.name
+        value = getattr(obj, item.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, name)
+        elif isinstance(value, (list, tuple)) and any(dataclasses.is_dataclass(v) for v in value):
+            for index, child in enumerate(value):
+                check_fields(child, f"{name}[{index}]")
+        else:
+            _convert(value, hints[item.name], name)
 
 
 def parse_value(text: str) -> Any:

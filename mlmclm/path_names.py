@@ -2,7 +2,8 @@
 
 - One path component (`check_path_component`: an evaluation model label, a task name): `runs/<label>/<task>/...`
   with a label or task named `..` (or `a/../..`) would put the record outside the output folder; a name with a NUL
-  cannot be a path at all.
+  cannot be a path at all; a name longer than a file system takes (300 characters: the fine-tune ran, then its
+  record could not be written, "File name too long", and the work was lost).
 - A plain name (`PLAIN_NAME`, `check_plain_name`: a phase, `logging.run_name`, an experiment's title, a dataset's
   shard): one component that also means nothing to a shell or a URL, for names that NeMo-Run splices unquoted into
   `mkdir -p {path}` and the sbatch script's lines, or a manifest splices into a `pipe:` command.
@@ -14,6 +15,9 @@ Such a name is refused, naming what it is, before anything is written.
 from __future__ import annotations
 
 import re
+
+# The longest file name Linux's and macOS's file systems take (NAME_MAX), in bytes of its UTF-8 encoding.
+NAME_MAX_BYTES = 255
 
 # No space, quote, $, ;, |, &, <, >, `, *, ?, ~, newline (shell), no %, #, @, : (URL), never empty, never starting
 # with "." (so never "." or "..") or "-" (an option to a command), at most 255 characters (a folder's limit).
@@ -34,11 +38,16 @@ def check_plain_name(value, what: str, use: str) -> str:
 
 
 def check_path_component(value, what: str) -> str:
-    """`value` if it is usable as one path component: non-empty text without '/', '\\' or NUL, not '.' or '..'
-    (ValueError naming `what` otherwise). Spaces and any other characters are kept: they stay inside the folder."""
+    """`value` if it is usable as one path component: non-empty text without '/', '\\' or NUL, not '.' or '..', at
+    most NAME_MAX_BYTES long (ValueError naming `what` otherwise). Spaces and any other characters are kept: they
+    stay inside the folder."""
     if not isinstance(value, str) or not value or value in (".", "..") or any(c in value for c in "/\\\0"):
         raise ValueError(f"{what} must be one plain name (non-empty, no '/', '\\' or NUL, not '.' or '..'): it "
                          f"becomes a folder of the output, got {value!r}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > NAME_MAX_BYTES:
+        raise ValueError(f"{what} is {size} bytes long, more than the {NAME_MAX_BYTES} a file name may hold (it "
+                         f"becomes a folder of the output): {value[:40]!r}...")
     return value
 
 

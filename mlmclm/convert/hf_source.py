@@ -8,6 +8,7 @@ import torch
 
 from mlmclm.bounded_read import FileRefusedError, check_regular_file, read_regular_json
 from mlmclm.convert.hf_config import SourceModel, UnsupportedModelError, model_config_from_hf
+from mlmclm.pickled_weights import load_plain_tensors
 
 INDEX_NAME = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old Llama checkpoints saved; recomputed anyway
@@ -88,8 +89,8 @@ class HFWeights:
 
     @staticmethod
     def _bin(path: Path) -> dict:
-        # weights_only: plain tensors only, never arbitrary pickled objects; mmap: no full read into memory.
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # plain tensors only, never arbitrary pickled objects; a refusal is one line (pickled_weights.py)
+        return load_plain_tensors(path)
 
     def names(self) -> list[str]:
         return list(self._files)

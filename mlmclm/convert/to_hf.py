@@ -274,6 +274,9 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
         writer = SafetensorsStreamWriter(staging, plan, dtype, cfg.max_shard_bytes)
         tensors = megatron_to_hf(reader.read, model)
         for name, tensor in tqdm(tensors, total=len(plan), desc="export", unit="tensor", disable=not cfg.progress):
+            if not bool(torch.isfinite(tensor).all()):  # a NaN model computes nothing: never published as one
+                raise CheckpointReadError(f"{source.path}: tensor {name} holds NaN or infinity: refusing to export "
+                                          f"a model that cannot compute (nothing was written to {cfg.output})")
             writer.write(name, tensor)
         files = writer.close()
         eurobert_config(model, identity, cfg.dtype).save_pretrained(str(staging))

@@ -1,9 +1,16 @@
 """EuroBERT model shapes: a dataclass with named presets, validated against a parallel layout."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from mlmclm.parallel.runtime import ParallelConfig
+
+# Shapes past these are typos (hidden_size=1e9), not models: refused when the config is built, before any process
+# starts and tries to allocate them. 2^40 parameters is 500 times EuroBERT-2.1B; 2^24 positions is 2,000 times its
+# context.
+MAX_PARAMETERS = 1 << 40
+MAX_POSITIONS = 1 << 24
 
 
 @dataclass
@@ -39,8 +46,26 @@ class ModelConfig:
                 f"model.num_attention_heads {self.num_attention_heads} is not divisible by num_kv_heads "
                 f"{self.num_kv_heads} (grouped-query attention shares each KV head among whole groups)"
             )
-        if self.rope_theta <= 0:
-            raise ValueError(f"model.rope_theta must be > 0, got {self.rope_theta}")
+        # `not x > 0` rather than `x <= 0`: NaN fails every comparison, so only this form refuses it
+        for key, low, strict in (("rope_theta", 0.0, True), ("norm_eps", 0.0, True), ("init_std", 0.0, False)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
+                    value > low if strict else value >= low):
+                raise ValueError(f"model.{key} must be a finite number {'>' if strict else '>='} {low:g}, got "
+                                 f"{value!r}")
+        if self.max_position_embeddings > MAX_POSITIONS:
+            raise ValueError(f"model.max_position_embeddings {self.max_position_embeddings} is beyond any context "
+                             f"(at most {MAX_POSITIONS})")
+        if self.parameter_count() > MAX_PARAMETERS:
+            raise ValueError(f"model: {self.parameter_count():.3g} parameters (hidden_size {self.hidden_size}, "
+                             f"ffn_hidden_size {self.ffn_hidden_size}, num_layers {self.num_layers}, vocab_size "
+                             f"{self.vocab_size}) is beyond any model this trainer builds (at most {MAX_PARAMETERS:.3g})")
+
+    def parameter_count(self) -> int:
+        """Parameters of the shape (embedding, untied head, attention with GQA, SwiGLU MLP; norms aside)."""
+        kv = self.num_kv_heads * self.head_dim
+        per_layer = self.hidden_size * (2 * self.hidden_size + 2 * kv) + 3 * self.hidden_size * self.ffn_hidden_size
+        return 2 * self.vocab_size * self.hidden_size + self.num_layers * per_layer
 
     @property
     def head_dim(self) -> int:

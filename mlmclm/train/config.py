@@ -1,6 +1,7 @@
 """The training config tree: validated before any process group starts, saved next to every checkpoint."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from mlmclm.parallel.runtime import ParallelConfig
 from mlmclm.path_names import check_plain_name, is_plain_name
 from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
 
+
+# More samples per step than this is a typo (global_batch_size=1e12), not a batch: refused when the config is built,
+# before any process starts (it would otherwise try to read that many rows every step). 2^24 is 1,000 times the
+# largest global batch in the paper's recipes.
+MAX_GLOBAL_BATCH_SIZE = 1 << 24
 
 # The model fields a phase may raise (PhaseConfig): TrainConfig.phase_models carries them from phase to phase.
 PHASE_MODEL_FIELDS = ("rope_theta", "max_position_embeddings")
@@ -77,8 +83,8 @@ class DataConfig:
         if (self.path is None) == (not self.blend):
             raise ValueError("data: give exactly one of `path` (one dataset) or `blend` ({path: weight}, non-empty)")
         if self.blend and any(isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0
-                              for w in self.blend.values()):
-            raise ValueError(f"data.blend: weights must be positive numbers, got {self.blend}")
+                              or not math.isfinite(w) for w in self.blend.values()):
+            raise ValueError(f"data.blend: weights must be positive finite numbers, got {self.blend}")
 
 
 @dataclass
@@ -150,6 +156,22 @@ class LoggingConfig:
     def __post_init__(self):
         if self.run_name is not None:
             check_plain_name(self.run_name, "logging.run_name", "it names the run's TensorBoard folder")
+        if self.peak_tflops is not None and not (isinstance(self.peak_tflops, (int, float)) and
+                                                 math.isfinite(self.peak_tflops) and self.peak_tflops > 0):
+            raise ValueError(f"logging.peak_tflops must be a finite number > 0 or null, got {self.peak_tflops!r}")
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Refuse a run_dir that is, or lies inside, something other than a folder (a file): every rank would fail on
+    it after starting. Only what exists here is looked at: a cluster path absent from the submitting machine
+    passes, as it must."""
+    path = Path(run_dir)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "is" if candidate == path else f"lies inside {candidate}, which is"
+                raise ValueError(f"run_dir {run_dir}: it {where} a file, not a folder")
+            return
 
 
 @dataclass
@@ -193,12 +215,19 @@ class TrainConfig:
     deterministic: bool = False
 
     def __post_init__(self):
+        # Types and finiteness of every field first (recipes build this tree without from_dict's type checks):
+        # the checks below compare numbers, and NaN or 1e12-as-a-float would slip through them
+        config_io.check_fields(self)
+        check_run_dir(self.run_dir)
         if not self.phases:
             raise ValueError("phases: a run needs at least one phase")
         if self.total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
         if self.global_batch_size < 1 or self.micro_batch_size < 1:
             raise ValueError("global_batch_size and micro_batch_size must be >= 1")
+        if self.global_batch_size > MAX_GLOBAL_BATCH_SIZE:
+            raise ValueError(f"global_batch_size {self.global_batch_size} is beyond any batch (at most "
+                             f"{MAX_GLOBAL_BATCH_SIZE} samples a step)")
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be >= 1")
         if self.head_chunk_tokens != 0:

@@ -1,6 +1,7 @@
 """megatron DDP, the (distributed) AdamW optimizer and the learning-rate schedule."""
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -37,12 +38,19 @@ class OptimizerConfig:
     overlap_param_gather: bool = True
 
     def __post_init__(self):
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+        # Each check is written so that NaN fails it (NaN compares false to everything), and infinities are refused
+        # by name: lr=Infinity trained into all-NaN checkpoints
+        for name in ("lr", "min_lr", "beta1", "beta2", "eps", "weight_decay", "clip_grad"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"optimizer.{name} must be a finite number, got {value!r}")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ValueError(f"optimizer: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"optimizer: betas must be in [0, 1), got {self.beta1}, {self.beta2}")
-        if self.clip_grad < 0 or self.weight_decay < 0 or self.eps <= 0:
-            raise ValueError("optimizer: clip_grad and weight_decay must be >= 0 and eps > 0")
+        if not (self.clip_grad >= 0 and self.weight_decay >= 0 and self.eps > 0):
+            raise ValueError(f"optimizer: clip_grad and weight_decay must be >= 0 and eps > 0, got clip_grad="
+                             f"{self.clip_grad} weight_decay={self.weight_decay} eps={self.eps}")
 
 
 @dataclass

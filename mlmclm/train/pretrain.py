@@ -18,6 +18,7 @@ from mlmclm.train.branch import branch_source, check_branch, follow_own_schedule
 from mlmclm.train.config import TrainConfig
 from mlmclm.train.data_fit import check_data_fits_model
 from mlmclm.train.determinism import enable_determinism
+from mlmclm.train.finite_weights import check_finite_weights
 from mlmclm.train.logger import MetricsLogger, rewind_metrics
 from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
 from mlmclm.train.phase_data import PhaseLoaders, padding
@@ -33,7 +34,8 @@ log = logging.getLogger("mlmclm.train")
 
 
 class NonFiniteLossError(RuntimeError):
-    """Too many consecutive steps with a non-finite loss or gradient; the last checkpoint is left intact."""
+    """Too many consecutive steps with a non-finite loss or gradient; the last checkpoint (finite when saved) is left
+    as it was."""
 
 
 @dataclass
@@ -174,6 +176,8 @@ class _Run:
         # A preemption signal arriving now is handled after the save (signals.py); the parameters of the last
         # update are gathered first when their all-gather is overlapped with the next forward.
         with stop_signals_blocked(), params_in_sync(self.ddp):
+            # never a NaN model under a checkpoint's name (finite_weights.py): checked on the synced parameters
+            check_finite_weights(self.chunks, self.iteration, ckpt.last_complete(self.cfg.checkpoint_dir))
             path = ckpt.save_checkpoint(self.cfg.checkpoint_dir, self.iteration, self.ddp, self.optimizer,
                                         self.scheduler, self._train_state(phase_index), run_config,
                                         keep_last=self.cfg.checkpoint.keep_last, keep=keep)
@@ -236,9 +240,14 @@ class _Run:
                     logger.text("guard", f"step {self.iteration}: non-finite loss or gradient, update skipped "
                                          f"({self.consecutive_nonfinite} in a row)", self.iteration)
                     if self.consecutive_nonfinite >= cfg.max_consecutive_nonfinite:
+                        # every checkpoint was checked finite when saved (finite_weights.py): the last one is a sound
+                        # starting point, and is named
+                        last = ckpt.last_complete(cfg.checkpoint_dir)
                         raise NonFiniteLossError(
                             f"aborting at step {self.iteration}: {self.consecutive_nonfinite} consecutive steps with "
-                            f"a non-finite loss or gradient; the last checkpoint in {cfg.checkpoint_dir} is intact")
+                            f"a non-finite loss or gradient; "
+                            + (f"the last checkpoint, {last}, held finite weights when saved" if last else
+                               "no checkpoint was saved"))
                 else:
                     self.consecutive_nonfinite = 0
                     final_losses[phase.name] = result.loss

@@ -37,6 +37,17 @@ def save_tiny_model(directory: Path, seed: int = 0, words=None) -> Path:
     return directory
 
 
+def evaluate_main():
+    """`main` of tools/evaluate.py, loaded in-process (a fresh interpreter costs seconds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_cli", Path(__file__).resolve().parents[2] / "tools" /
+                                                  "evaluate.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli.main
+
+
 def write_jsonl(path: Path, rows) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

@@ -191,10 +191,11 @@ def test_all_13_tasks_run_from_the_fetched_folder_and_records_carry_their_source
     assert "\r" not in console.err  # no progress bar redraws in a non-terminal log
     runs = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs" / "tiny").glob("*/*.json")}
     glue = f"nyu-mll/glue@unpinned (read {REVISIONS['nyu-mll/glue']})"
-    assert runs["mnli"]["extra"]["data"]["validation_matched"] == {
-        "origin": f"{glue} [mnli/validation_matched-*.parquet]", "rows": 4}
+    matched = runs["mnli"]["extra"]["data"]["validation_matched"]
+    assert matched == {"origin": f"{glue} [mnli/validation_matched-*.parquet]", "rows": 4,
+                       "sha256": matched["sha256"]} and len(matched["sha256"]) == 16  # the rows' digest
     assert runs["ontonotes5"]["steps"] == 2 and runs["conll2003"]["steps"] == 2  # --max-steps 2; one epoch of 16
-    assert runs["nq"]["extra"]["data"]["corpus"] == {"documents": 5}
+    assert runs["nq"]["extra"]["data"]["corpus"]["documents"] == 5
     assert runs["nq"]["extra"]["trained_on"] == "msmarco" and runs["nq"]["fingerprint"] == runs["msmarco"]["fingerprint"]
     tc = runs["conll2003"]  # EncodEval's score is the main metric; seqeval's entity F1 is reported beside it
     assert tc["main_metric"] == "sentence_macro_f1" and set(tc["test"]) == {"entity_f1", "sentence_macro_f1"}

@@ -435,3 +435,25 @@ def run_filling_the_disk(reference_cfg, cfg_dict, filler, report_path):
     report.append({"attempt": "resumed with room", "type": None, "status": result.status})
     if _rank0():
         Path(report_path).write_text(json.dumps(report))
+
+
+def run_with_nan_weights_after(cfg_dict, poisoned_step, report_path):
+    """After step `poisoned_step` one weight becomes NaN although that step's loss was finite (as an update with a
+    huge learning rate leaves them): the next save must not write that model."""
+    from mlmclm.train import pretrain as pt
+
+    original_step = pt.train_step
+    calls = {"n": 0}
+
+    def step(ddp, *args, **kwargs):
+        result = original_step(ddp, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == poisoned_step:
+            import torch
+
+            with torch.no_grad():
+                next(ddp[0].module.parameters()).view(-1)[0] = float("nan")
+        return result
+
+    pt.train_step = step
+    run_and_report_error(cfg_dict, report_path)

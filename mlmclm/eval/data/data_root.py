@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlmclm.bounded_read import read_regular_json
+from mlmclm.eval.data.root_check import check_repo_files, check_shape
 from mlmclm.eval.data.sources import REPOS, RootOf
 
 MANIFEST = "manifest.json"
@@ -17,13 +19,14 @@ class DataRootError(ValueError):
 
 def read_manifest(data_root: Path) -> dict:
     path = Path(data_root) / MANIFEST
-    if not path.is_file():
+    if not path.exists():
         raise DataRootError(f"{data_root}: no {MANIFEST}: --data-root takes a folder written by "
                             f"`tools/evaluate.py fetch --suite paper --out {data_root}`")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+        manifest = read_regular_json(path, what="data root manifest")  # bounded: a FIFO must not block the run
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DataRootError(f"{path}: not valid JSON ({err})") from err
+    return check_shape(manifest, path)
 
 
 def check_manifest(data_root: Path, repos: list[str], allow_other_revisions: bool = False) -> dict:
@@ -31,7 +34,7 @@ def check_manifest(data_root: Path, repos: list[str], allow_other_revisions: boo
     unpinned repo accepts the revision fetch recorded). A disagreement names the repo and is refused unless
     `allow_other_revisions`."""
     manifest = read_manifest(data_root)
-    entries = manifest.get("repos", {})
+    entries = manifest["repos"]
     for repo in repos:
         entry = entries.get(repo)
         if entry is None or not entry.get("complete"):
@@ -41,6 +44,7 @@ def check_manifest(data_root: Path, repos: list[str], allow_other_revisions: boo
         if pin is not None and entry.get("revision") != pin and not allow_other_revisions:
             raise DataRootError(f"{data_root}: {repo} holds revision {entry.get('revision')} but the suite pins "
                                 f"{pin}; fetch again, or pass --allow-other-revisions to evaluate on it anyway")
+        check_repo_files(data_root, repo, entry, REPOS[repo].files, Path(data_root) / MANIFEST)
     return manifest
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mlmclm.eval.data.data_files import MAX_ROW_CHARS, read_parquet_table
 from mlmclm.eval.data.hub_files import HubLayoutError, matching_files
 
 Reader = Callable[[set[str]], dict[str, str]]  # ids -> {id: text}
@@ -32,9 +33,7 @@ def filtered_shard(path: Path, id_column: str, ids: set[str]):
     in arrow, so an 8.8 M-document corpus never becomes Python objects)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
+    table = read_parquet_table(path)
     if id_column not in table.column_names:
         raise HubLayoutError(f"{path}: no column {id_column!r} (have {table.column_names})")
     column = pc.cast(table[id_column], "string")
@@ -48,7 +47,11 @@ def read_documents(folder: Path, pattern: str, id_column: str, ids: Iterable[str
     out: dict[str, str] = {}
     for path in matching_files(folder, pattern):
         for row in filtered_shard(path, id_column, wanted).to_pylist():
-            out[str(row[id_column])] = document_text(row, columns)
+            text = document_text(row, columns)
+            if len(text) > MAX_ROW_CHARS:  # as a row's text is bounded (data_files.py)
+                raise HubLayoutError(f"{path}: document {row[id_column]!r} holds {len(text):,} characters, more "
+                                     f"than the {MAX_ROW_CHARS:,} a document may hold; refusing to hold it")
+            out[str(row[id_column])] = text
     missing = wanted - set(out)
     if missing:
         raise HubLayoutError(f"{folder} [{pattern}]: {len(missing)} id(s) judged but absent, e.g. "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mlmclm.eval.data.hub_files import HubLayoutError, read_parquet, read_qrels
+from mlmclm.eval.data.hub_files import HubLayoutError, read_parquet, read_parquet_located, read_qrels, tag_names
 from mlmclm.eval.data.retrieval_sets import beir_sets, mldr_sets, read_documents
 
 MAIN, PARQUET_EXPORT = "main", "refs/convert/parquet"
@@ -114,6 +114,7 @@ class SourceSplit:
     label_names: list[str] | None = None
     corpus: dict[str, str] | None = None
     files: list[Path] = field(default_factory=list)
+    locations: list[str] | None = None  # per row, `file row n` (None: numbered within `origin`)
 
 
 RootOf = Callable[[str], tuple[Path, str]]  # repo name -> (its folder, the revision that folder holds)
@@ -141,14 +142,15 @@ def read_task_source(task: str, wanted: list[str], root_of: RootOf) -> dict[str,
         out = {}
         for split in wanted:
             folder, pattern, origin = where(split)
-            rows, names, files = read_parquet(folder, pattern)
+            rows, names, files, locations = read_parquet_located(folder, pattern)
             renamed = [{**row, **{ours: row[theirs] for ours, theirs in source.columns.items() if theirs in row}}
                        for row in rows]
             tags = names.get(source.columns.get("tags", "tags"))
             if tags:  # integer tags -> their names (the dataset's ClassLabel), kept in the dataset's id order
-                for row in renamed:
-                    row["tags"] = [tags[i] if isinstance(i, int) else i for i in row["tags"]]
-            out[split] = SourceSplit(origin, renamed, label_names=tags, files=files)
+                for row, location in zip(renamed, locations):
+                    if isinstance(row.get("tags"), list):
+                        row["tags"] = tag_names(row["tags"], tags, location)
+            out[split] = SourceSplit(origin, renamed, label_names=tags, files=files, locations=locations)
         return out
     return _read_retrieval(task, source, wanted, where)
 

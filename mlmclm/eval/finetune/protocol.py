@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from collections import defaultdict
@@ -15,12 +16,17 @@ from typing import Any
 import numpy as np
 
 from mlmclm.atomic_write import write_atomic
+from mlmclm.bounded_read import open_regular_file, read_regular_json
+from mlmclm.eval.data.data_files import MAX_ROW_CHARS
+from mlmclm.eval.finetune.record_check import RunRecordError, check_record
 from mlmclm.eval.finetune.runner import finetune_and_score
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
+from mlmclm.pickled_weights import load_plain_tensors
 from mlmclm.progress_log import progress as progress_bar
+from mlmclm.tokenizer_probe import probe_tokenizer
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
@@ -47,7 +53,7 @@ SEEDED_HALVES_NOTE = ("validation / test = halves of the test queries drawn with
 FEW_STEPS = 50
 # TaskSpec fields added after runs were recorded, with their defaults: a spec at these defaults fingerprints as
 # before them, so finished runs of standard tasks are not re-run.
-_LATER_FIELDS = {"rules": "standard", "tag_scheme": "IOB2"}
+_LATER_FIELDS = {"rules": "standard", "tag_scheme": "IOB2", "max_row_chars": MAX_ROW_CHARS}
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,11 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, path: Path) -> RunRecord:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            raw = read_regular_json(path, what="run record")  # bounded: a planted FIFO must not block the grid
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RunRecordError(f"{path}: not a run record: not valid JSON ({err})") from None
+        raw = check_record(raw, path)  # every field the summary reads, with its type (record_check.py)
         known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         return cls(**known)
 
@@ -143,18 +153,25 @@ def _score(value: float | None) -> float:
 
 
 _HASH_CACHE: dict[tuple[str, int, int, int], str] = {}
+# A model directory comes from others: its JSON files (config, tokenizer: the largest real tokenizer.json is about
+# 35 MB) are capped, its weights only refused when not regular files (a 2.1B model is GBs, and its size is no sign
+# of harm). Every file the fine-tuning reads is hashed here first, so a FIFO or device is refused before anything
+# (transformers included) would block on it.
+JSON_FILE_LIMIT = 128 << 20
+WEIGHT_FILE_LIMIT = 1 << 50
 
 
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's content, cached per (path, size, mtime_ns, inode) so a grid hashes each model once."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if key not in _HASH_CACHE:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
+def file_digest(path: Path, limit: int = WEIGHT_FILE_LIMIT) -> str:
+    """SHA-256 of a regular file's content, cached per (path, size, mtime_ns, inode) so a grid hashes each model
+    once (anything but a regular file of at most `limit` bytes is refused, bounded_read)."""
+    with open_regular_file(path, limit, "model file") as handle:
+        stat = os.fstat(handle.fileno())
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        if key not in _HASH_CACHE:
+            digest = hashlib.sha256()
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
-        _HASH_CACHE[key] = digest.hexdigest()
+            _HASH_CACHE[key] = digest.hexdigest()
     return _HASH_CACHE[key]
 
 
@@ -163,19 +180,38 @@ def model_fingerprint(model_dir: Path) -> list[tuple[str, str]]:
     model_dir = Path(model_dir)
     files = sorted({*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin"), *model_dir.glob("*.json"),
                     *model_dir.glob("*.model")})
-    return [(p.name, file_digest(p)) for p in files if p.is_file()]
+    return [(p.name, file_digest(p, JSON_FILE_LIMIT if p.suffix == ".json" else WEIGHT_FILE_LIMIT))
+            for p in files if not p.is_dir()]
 
 
-def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig) -> str:
+def data_identity(data: TaskData) -> dict[str, Any]:
+    """What a run read: per source split its origin (file, or repo@revision), row count and rows' digest, for the
+    task and each extra test set (task_rows.provenance_of)."""
+    return {"task": data.provenance, "extra_tests": {name: s.provenance for name, s in data.extra_tests.items()}}
+
+
+def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig, data: dict | None = None) -> str:
     """Changes when anything that affects the result changes — the model files' *content* included, so a
-    re-export into the same directory is never mistaken for the model that was evaluated."""
+    re-export into the same directory is never mistaken for the model that was evaluated, and the data read
+    (`data_identity`): the same task path or data root holding another revision or other rows is other data."""
     fields = asdict(spec)
     for name, default in _LATER_FIELDS.items():  # at their defaults, later fields leave fingerprints as they were
         if fields[name] == default:
             del fields[name]
-    payload = json.dumps({"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)},
-                         sort_keys=True)
+    content = {"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)}
+    if data is not None:
+        content["data"] = data
+    payload = json.dumps(content, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def check_pickled_weights(model_dir: Path) -> None:
+    """A model directory without safetensors is loaded from its pickled `*.bin` files: read each with the
+    weights-only loader now, so that one holding more than tensors is refused in one line before any run, not in
+    transformers' traceback (which advises `weights_only=False`) after the first fine-tune started."""
+    if not any(model_dir.glob("*.safetensors")):
+        for path in sorted(model_dir.glob("*.bin")):
+            load_plain_tensors(path)
 
 
 def run_path(output_dir: Path, model: str, task: str, learning_rate: float, seed: int) -> Path:
@@ -197,7 +233,7 @@ def _finished(path: Path, fingerprint: str) -> RunRecord | None:
         return None
     try:
         record = RunRecord.from_json(path)
-    except (json.JSONDecodeError, TypeError, KeyError):
+    except RunRecordError:  # damaged or not ours: run again (written anew under that name)
         return None
     return record if record.fingerprint == fingerprint else None
 
@@ -209,6 +245,8 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
         check_path_component(label, "model label")
         if not (Path(directory) / "config.json").exists():
             raise FileNotFoundError(f"model {label!r}: {directory} is not a Hugging Face model directory (no config.json)")
+        check_pickled_weights(Path(directory))
+        probe_tokenizer(Path(directory))  # a hostile tokenizer.json: one line now, not a hang or a panic later
     loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
     plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
             for lr in protocol.learning_rates for seed in protocol.seeds]
@@ -217,7 +255,7 @@ def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], outp
     for label, directory, data, lr, seed in bar:
         bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
         config = protocol.finetune_config(lr, seed, data.spec.family, data.spec.name)
-        fingerprint = run_fingerprint(directory, data.spec, config)
+        fingerprint = run_fingerprint(directory, data.spec, config, data_identity(data))
         path = run_path(output_dir, label, data.spec.name, lr, seed)
         record = _finished(path, fingerprint)
         extra_paths = {name: run_path(output_dir, label, name, lr, seed) for name in data.extra_tests}

@@ -32,7 +32,7 @@ def load_extra_tests(spec: TaskSpec) -> dict[str, EvalSet]:
             source = sub.split_names.get("test")
             rows = None
             for candidate in ([source] if source else ["test", "validation"]):
-                rows = read_local_split(folder, candidate)
+                rows = read_local_split(folder, candidate, sub.max_row_chars)
                 if rows is not None:
                     break
             if rows is None:

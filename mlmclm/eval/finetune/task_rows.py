@@ -3,11 +3,15 @@
 normalised. Which source split each of our splits is read from depends on the split protocol."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlmclm.eval.data.data_files import (JSON_ESCAPE_FACTOR, MAX_ROW_CHARS, open_data_text, read_parquet_table,
+                                         text_chars)
+from mlmclm.eval.data.hub_files import tag_names
 from mlmclm.eval.finetune.tags import TagError, check_tags
 from mlmclm.eval.finetune.task_spec import SPLITS, TaskDataError, TaskSpec
 
@@ -24,10 +28,20 @@ class SourceRows:
     corpus: dict[str, str] | None = None  # id-keyed retrieval corpus shared by the set's splits
 
 
-def _read_jsonl(path: Path) -> SourceRows:
+def too_long(where: str, chars: int | None, limit: int) -> TaskDataError:
+    size = f"{chars:,} characters" if chars is not None else "more characters"
+    return TaskDataError(f"{where}: a row of {size} of text, more than the {limit:,} a row may hold; refusing to "
+                         f"hold it (cut the row, or raise the task's max_row_chars)")
+
+
+def _read_jsonl(path: Path, max_chars: int = MAX_ROW_CHARS) -> SourceRows:
     rows, locations = [], []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    line_limit = JSON_ESCAPE_FACTOR * max_chars + 4096
+    with open_data_text(path, "task data file") as handle:
+        # readline's limit: a line without an end is never read whole
+        for number, line in enumerate(iter(lambda: handle.readline(line_limit + 1), ""), start=1):
+            if len(line) > line_limit:
+                raise too_long(f"{path}:{number}", None, max_chars)
             if not line.strip():
                 continue
             try:
@@ -45,15 +59,13 @@ def _numbered(source: str, rows: list[dict[str, Any]]) -> SourceRows:
     return SourceRows(source, rows, [f"{source} row {number}" for number in range(1, len(rows) + 1)])
 
 
-def read_local_split(folder: Path, split: str) -> SourceRows | None:
+def read_local_split(folder: Path, split: str, max_chars: int = MAX_ROW_CHARS) -> SourceRows | None:
     for suffix in (".jsonl", ".parquet"):
         candidate = folder / f"{split}{suffix}"
         if candidate.exists():
             if suffix == ".jsonl":
-                return _read_jsonl(candidate)
-            import pyarrow.parquet as pq
-
-            return _numbered(str(candidate), pq.read_table(candidate).to_pylist())
+                return _read_jsonl(candidate, max_chars)
+            return _numbered(str(candidate), read_parquet_table(candidate, "task data file").to_pylist())
     return None
 
 
@@ -80,10 +92,11 @@ def read_hf_splits(spec: TaskSpec) -> dict[str, SourceRows]:
         tag_column = spec.columns.get("tags", "tags")
         feature = dataset.features.get(tag_column)
         names = getattr(getattr(feature, "feature", None), "names", None)
+        numbered = _numbered(f"hf:{spec.hf_name} [{source}]", rows)
         if names:
-            for row in rows:
-                row[tag_column] = [names[i] for i in row[tag_column]]
-        out[split] = _numbered(f"hf:{spec.hf_name} [{source}]", rows)
+            for row, where in zip(rows, numbered.locations):
+                row[tag_column] = tag_names(row[tag_column], names, where)
+        out[split] = numbered
     return out
 
 
@@ -154,6 +167,9 @@ def normalise_rows(spec: TaskSpec, raw: SourceRows, locations: dict[int, str] | 
     """Validated rows in our schema; `locations`, when given, receives id(row) -> where the row came from."""
     normalised = []
     for index, (row, where) in enumerate(zip(_rename(raw.rows, spec.columns), raw.locations)):
+        chars = text_chars(row)
+        if chars > spec.max_row_chars:  # before any tokenizer sees it (prepare_data's bound, for evaluation data)
+            raise too_long(where, chars, spec.max_row_chars)
         out = _normalise_row(spec.family, row, where, index)
         if out is not None:
             normalised.append(out)
@@ -174,18 +190,29 @@ def _read_source_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     out = {}
     for split, source in wanted.items():
         part = parts[source]
-        numbered = _numbered(part.origin, part.rows)
-        out[split] = SourceRows(part.origin, part.rows, numbered.locations, part.label_names, part.corpus)
+        locations = part.locations or _numbered(part.origin, part.rows).locations
+        out[split] = SourceRows(part.origin, part.rows, locations, part.label_names, part.corpus)
     return out
 
 
+def rows_digest(rows) -> str:
+    """A digest of rows as read (each as sorted-key JSON, in order): any change of their content changes it."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=repr).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
 def provenance_of(raw: dict[str, SourceRows], spec: TaskSpec) -> dict[str, Any]:
-    """Per source split, where its rows came from and how many it held (what every run record carries)."""
+    """Per source split, where its rows came from, how many it held and their digest (what every run record carries,
+    and what its fingerprint covers: the same path or revision with other rows is other data)."""
     names = source_splits(spec)
-    out = {names[split]: {"origin": rows.source, "rows": len(rows.rows)} for split, rows in raw.items()}
+    out = {names[split]: {"origin": rows.source, "rows": len(rows.rows), "sha256": rows_digest(rows.rows)}
+           for split, rows in raw.items()}
     corpus = next((rows.corpus for rows in raw.values() if rows.corpus is not None), None)
     if corpus is not None:
-        out["corpus"] = {"documents": len(corpus)}
+        out["corpus"] = {"documents": len(corpus), "sha256": rows_digest(sorted(corpus.items()))}
     return out
 
 
@@ -198,5 +225,5 @@ def read_splits(spec: TaskSpec) -> dict[str, SourceRows]:
     if not folder.is_dir():
         raise TaskDataError(f"task {spec.name!r}: data folder {folder} does not exist")
     return {split: rows for split, source in source_splits(spec).items()
-            if (rows := read_local_split(folder, source)) is not None}
+            if (rows := read_local_split(folder, source, spec.max_row_chars)) is not None}
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlmclm.bounded_read import read_regular_json
+from mlmclm.eval.data.data_files import MAX_ROW_CHARS
 from mlmclm.eval.data.splits import seeded_query_halves
 from mlmclm.eval.finetune.tags import TAG_SCHEMES
 from mlmclm.path_names import check_path_component
@@ -81,6 +83,7 @@ class TaskSpec:
     metric: str | None = None  # the main metric when not the family's (MAIN_METRIC), e.g. "sentence_macro_f1"
     rules: str = "standard"  # a value of RULES: whose inputs, heads and scores the task is run with
     tag_scheme: str = "IOB2"  # token classification: "IOB2" or "IOB1" (tags.py; the paper's CoNLL is IOB1)
+    max_row_chars: int = MAX_ROW_CHARS  # the text one row may hold (data_files.py); a longer row is refused
 
     def __post_init__(self) -> None:
         check_path_component(self.name, "task name")
@@ -124,6 +127,8 @@ class TaskSpec:
         unknown = set(self.split_names) - set(SPLITS)
         if unknown:
             raise ValueError(f"task {self.name!r}: split_names keys must be among {SPLITS}, got {sorted(unknown)}")
+        if isinstance(self.max_row_chars, bool) or not isinstance(self.max_row_chars, int) or self.max_row_chars < 1:
+            raise ValueError(f"task {self.name!r}: max_row_chars must be an integer >= 1, got {self.max_row_chars!r}")
         for limit in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, limit)
             if value is not None and value < 1:
@@ -180,8 +185,8 @@ class EvalSet:
 def load_task_specs(path: Path) -> list[TaskSpec]:
     """Read a JSON list of task entries (the fields of `TaskSpec`)."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+        raw = read_regular_json(path, what="task list")  # bounded: a FIFO must not block the run
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read task list {path}: {err}") from err
     if not isinstance(raw, list):
         raise ValueError(f"{path}: expected a JSON list of task objects")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mlmclm.bounded_read import read_regular_json
 from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid, write_json_atomic
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
@@ -38,11 +39,12 @@ class CheckpointInfo:
 
 
 def _train_state(checkpoint_dir: Path) -> dict[str, Any]:
-    """The checkpoint's `train_state.json` (iteration, tokens, phase), or {} when missing/unreadable."""
+    """The checkpoint's `train_state.json` (iteration, tokens, phase), or {} when missing/unreadable. Read bounded:
+    a FIFO or device planted in a run folder is refused naming it (a plain read blocked `curve` forever)."""
     path = checkpoint_dir / "train_state.json"
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        state = read_regular_json(path, what="train state")
+    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return state if isinstance(state, dict) else {}
 
@@ -102,7 +104,7 @@ def evaluate_checkpoints(run_dir: Path, tasks: list[TaskSpec], output_dir: Path,
 
 def read_curve(path: Path) -> list[dict[str, Any]]:
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = read_regular_json(path, what="curve file")
         return list(raw["points"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a data-efficiency curve file ({err})") from err
