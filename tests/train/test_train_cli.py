@@ -96,7 +96,7 @@ def _write(path: Path, text: str) -> Path:
 def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
     """A manifest whose mask_id lies outside its vocabulary, validation off and no tokenizer named: the old run
     trained its CLM phase (and saved) and failed only when the MLM phase began. Now refused before step 1, exit 2,
-    one line naming the manifest and the field; nothing written in the run directory. The other special ids too."""
+    one line naming the manifest and the field; nothing trained or saved (the run is marked refused). The other special ids too."""
     data = tmp_path / "data"
     sc.make_data(data)
     manifest = json.loads((data / "manifest.json").read_text())
@@ -114,7 +114,11 @@ def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
         assert (f"error: {data / 'manifest.json'}: tokenizer.{role} {value} is outside the vocabulary [0, {vocab})"
                 in proc.stderr), proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr
-        assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+        # Nothing trained or saved: the checkpoint folder holds at most the run's marker (run_lock.RUN_MARKER), which
+        # keeps the folder ours so that the same command, its data fixed, is not refused as someone else's folder.
+        checkpoints = tmp_path / "run" / "checkpoints"
+        assert not checkpoints.exists() or sorted(p.name for p in checkpoints.iterdir()) == [".mlmclm-run"]
+        assert json.loads((tmp_path / "run" / "run_status.json").read_text())["status"] == "refused"
         assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
