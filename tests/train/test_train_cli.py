@@ -96,7 +96,8 @@ def _write(path: Path, text: str) -> Path:
 def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
     """A manifest whose mask_id lies outside its vocabulary, validation off and no tokenizer named: the old run
     trained its CLM phase (and saved) and failed only when the MLM phase began. Now refused before step 1, exit 2,
-    one line naming the manifest and the field; nothing trained or saved (the run is marked refused). The other special ids too."""
+    one line naming the manifest and the field; nothing trained or saved (the run is marked refused).
+    The other special ids too."""
     data = tmp_path / "data"
     sc.make_data(data)
     manifest = json.loads((data / "manifest.json").read_text())
