@@ -9,12 +9,30 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
+from mlmclm.parallel import launch  # noqa: E402
+
+# Ranks of `launch.spawn` are forked from one fork server that imported torch's heavy parts once (~7 s of the ~9 s
+# a spawned rank spent importing, on 2 loaded cores). Not megatron: ranks that put a TE or apex stand-in on sys.path
+# must import megatron after that (tests/stand_ins).
+launch.use_fork_server(["torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo",
+                        "torch._inductor.compile_fx"])
+
 
 def _leftovers() -> list:
-    """Processes this test session started that are still running, except multiprocessing's resource tracker (one
-    per session, shared by every spawn)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(_cmdline(p))]
+    """Processes this test session started that are still running, except multiprocessing's resource tracker and
+    fork server (one each per session, shared by every spawn). The ranks forked from the server carry its command
+    line too: they are its children, not this process's, and they count."""
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True)
+            if not ("resource_tracker" in " ".join(_cmdline(p))
+                    or (_ppid(p) == me.pid and "multiprocessing.forkserver" in " ".join(_cmdline(p))))]
+
+
+def _ppid(proc) -> int | None:
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return None
 
 
 def _cmdline(proc) -> list[str]:

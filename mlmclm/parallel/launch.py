@@ -1,6 +1,13 @@
 """Start N local worker processes wired as a torch.distributed job (what torchrun does, in-process).
 
 Used by multi-process tests and CPU benchmarks; real runs use torchrun or Slurm (see `cluster/`).
+
+Each rank is a fresh interpreter ("spawn"), which costs seconds of imports (torch alone ~3 s, with megatron's
+~9 s on a 2-core machine). `use_fork_server` makes every later `spawn` of this process fork its ranks from one
+fork server instead, a process that imported the given modules once and ran nothing: each rank is still a new
+process with no state of any other run, and it gets what a spawned one inherits from this process at the time of
+the call: environment, working directory, `sys.path`, umask, and standard output and error (a test's captured
+output holds its ranks' tracebacks). The test suite uses it (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -13,7 +20,54 @@ from mlmclm.parallel import rendezvous
 from mlmclm.parallel.ports import free_ports
 
 
-def _worker(local_rank: int, fn: Callable, world_size: int, ports: tuple[int, int], args: tuple) -> None:
+_start_method = "spawn"
+
+
+def use_fork_server(preload: list[str]) -> None:
+    """Every later `spawn` in this process forks its ranks from a fork server that imported `preload` once.
+
+    Preload only what no rank's set-up changes: a module a rank must import after setting something up (a stand-in
+    on `sys.path`, an environment variable read at import) has to be imported by that rank, not by the server. The
+    server starts at the first `spawn` and ends with this process."""
+    global _start_method
+    mp.set_forkserver_preload(list(preload))
+    _start_method = "forkserver"
+
+
+class _CallerState:
+    """What a rank forked from the fork server takes from the caller of `spawn` instead of from the server (which
+    started earlier, maybe under another test's umask or captured output): the environment, the umask, and
+    standard output and error, sent as file descriptors with the call (multiprocessing's DupFd)."""
+
+    def __init__(self):
+        self.environ = dict(os.environ)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_ForkedCaller, (self.environ, self.umask, reduction.DupFd(1), reduction.DupFd(2)))
+
+
+class _ForkedCaller:
+    def __init__(self, environ: dict[str, str], umask: int, stdout, stderr):
+        self.environ, self.umask, self.streams = environ, umask, (stdout, stderr)
+
+    def apply(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.umask(self.umask)
+        for target, handle in zip((1, 2), self.streams):
+            fd = handle.detach()
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def _worker(local_rank: int, fn: Callable, world_size: int, ports: tuple[int, int], args: tuple,
+            caller: _ForkedCaller | None = None) -> None:
+    if caller is not None:  # forked from the fork server
+        caller.apply()
     master_port, side_port = ports
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
@@ -34,8 +88,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     When one fails, the others are killed at once (training turns torch's SIGTERM into "save at the next step", so
     it would wait in a collective with the dead rank until torch's 30 s grace ends), with their children.
     """
-    context = mp.start_processes(_worker, args=(fn, world_size, tuple(free_ports(2)), args), nprocs=world_size,
-                                 join=False, start_method="spawn")
+    caller = _CallerState() if _start_method == "forkserver" else None
+    context = mp.start_processes(_worker, args=(fn, world_size, tuple(free_ports(2)), args, caller),
+                                 nprocs=world_size, join=False, start_method=_start_method)
     try:
         while not context.join(grace_period=0):
             pass

@@ -4,6 +4,7 @@ import json
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -36,25 +37,29 @@ def _start_groups(report_dir):
         json.dump({"ports": ports, "sums": sums, "listening": sorted(set(listening))}, out)
 
 
-def test_each_group_rendezvous_on_a_port_of_its_own(tmp_path):
-    spawn(_start_groups, 2, str(tmp_path))
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> list[dict]:
+    """One spawn of 2 ranks that start and end 3 process groups; each rank's report (both tests read it)."""
+    report_dir = tmp_path_factory.mktemp("rendezvous")
+    spawn(_start_groups, 2, str(report_dir))
+    return [json.loads((report_dir / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_each_group_rendezvous_on_a_port_of_its_own(reports):
     assert reports[0]["ports"] == reports[1]["ports"], "the ranks met on different ports"
     assert len(set(reports[0]["ports"])) == GROUPS, reports[0]["ports"]
     for report in reports:
         assert report["sums"] == [3.0 + 20 * group for group in range(GROUPS)]
 
 
-def test_local_stores_listen_on_loopback_only(tmp_path):
+def test_local_stores_listen_on_loopback_only(reports):
     """The side store of launch.spawn (used by convert_from_hf and convert_to_hf --verify) and each process group's
     store: torch's server listened on every interface ('::', unauthenticated); now their sockets are bound to
     127.0.0.1, as the ranks' own gloo sockets are. A single process (no torchrun) likewise."""
     import subprocess
     import sys
 
-    spawn(_start_groups, 2, str(tmp_path))
-    for rank in range(2):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for rank, report in enumerate(reports):
         assert report["listening"] and set(report["listening"]) <= {"127.0.0.1"}, (rank, report["listening"])
     single = subprocess.run(
         [sys.executable, "-c", "import json, sys; sys.path.insert(0, 'tests/parallel'); import test_rendezvous as t; "

@@ -1,5 +1,6 @@
 """`torchrun -m mlmclm.train CONFIG key=value ...`: the documented entry point, for real, and its config errors."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,7 @@ def _torchrun() -> str:
     return str(Path(sys.executable).with_name("torchrun"))
 
 
-def test_torchrun_entry_trains_with_overrides(tmp_path):
-    data = sc.make_data(tmp_path / "data")
+def test_torchrun_entry_trains_with_overrides(tmp_path, data):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(sc.config(tmp_path / "run", data, tp=1)))
     proc = subprocess.run(
@@ -93,13 +93,12 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
+def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path, data):
     """A manifest whose mask_id lies outside its vocabulary, validation off and no tokenizer named: the old run
     trained its CLM phase (and saved) and failed only when the MLM phase began. Now refused before step 1, exit 2,
     one line naming the manifest and the field; nothing trained or saved (the run is marked refused).
     The other special ids too."""
-    data = tmp_path / "data"
-    sc.make_data(data)
+    data = shutil.copytree(data, tmp_path / "data")  # the session's dataset, copied: this test edits its manifest
     manifest = json.loads((data / "manifest.json").read_text())
     vocab = manifest["tokenizer"]["vocab_size"]
     for role, value in (("mask_id", vocab + 5), ("pad_id", -1), ("bos_id", vocab)):
@@ -123,11 +122,10 @@ def test_special_ids_outside_the_vocabulary_stop_the_run_at_its_start(tmp_path):
         assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_a_non_empty_folder_that_holds_no_run_of_ours_is_refused(tmp_path):
+def test_a_non_empty_folder_that_holds_no_run_of_ours_is_refused(tmp_path, data):
     """run_dir pointing at someone else's folder (here one with its own metrics.jsonl): the old code trained there,
     wrote checkpoints among its files and rewrote its metrics.jsonl. Now exit 2 naming the folder and the field that
     allows it, nothing written; with checkpoint.allow_foreign_run_dir=true it trains there."""
-    data = sc.make_data(tmp_path / "data")
     foreign = tmp_path / "someone"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine\n")
@@ -150,13 +148,12 @@ def test_a_non_empty_folder_that_holds_no_run_of_ours_is_refused(tmp_path):
     assert (foreign / "notes.txt").read_text() == "mine\n" and (foreign / "checkpoints").is_dir()
 
 
-def test_a_credential_in_the_data_location_is_used_but_never_recorded(tmp_path):
+def test_a_credential_in_the_data_location_is_used_but_never_recorded(tmp_path, data):
     """data.path carries a secret (an HF token set for the pipe's command): the run reads its data with it, and no
     file of the run (every checkpoint's run_config.json, TensorBoard's config text, metrics, run_status.json) nor
     its console holds it; the old code copied it into all of them. A run that fails prints and records the
     location redacted too."""
     token = "hf_" + "Zq7" * 10
-    data = sc.make_data(tmp_path / "data")
     cfg = sc.config(tmp_path / "run", f"pipe:HF_TOKEN={token} cat {data}/manifest.json", tp=1)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(cfg))
