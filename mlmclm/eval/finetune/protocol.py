@@ -73,6 +73,7 @@ class ProtocolConfig:
     dtype: str = "float32"  # fine-tuning precision (precision.DTYPES); the paper's is bf16
     min_steps: int | None = None  # floor under the epoch cap (training.budget_steps); custom suites: CUSTOM_MIN_STEPS
     micro_batches: tuple[tuple[str, int], ...] = ()  # (family, rows per micro-batch); others: the whole batch
+    device: str = "cpu"  # where every run computes (finetune/device.py; `--device`): not part of a run's fingerprint
 
     @classmethod
     def paper(cls, **overrides) -> ProtocolConfig:
@@ -86,7 +87,7 @@ class ProtocolConfig:
             raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
                        batch_size=self.batch_size, warmup_fraction=self.warmup_fraction,
-                       dtype=self.dtype, min_steps=self.min_steps)  # validates the budget and precision
+                       dtype=self.dtype, min_steps=self.min_steps, device=self.device)  # validates them
         for family, rows in self.micro_batches:  # refused here, before any run, naming the family
             if rows < 1 or self.batch_size % min(rows, self.batch_size):
                 raise ValueError(f"batch size {self.batch_size} is not a whole number of {family} micro-batches "
@@ -105,7 +106,7 @@ class ProtocolConfig:
         micro = next((min(rows, self.batch_size) for name, rows in self.micro_batches if name == family), None)
         return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
                               batch_size=self.batch_size, warmup_fraction=self.warmup_fraction, dtype=self.dtype,
-                              min_steps=self.min_steps, micro_batch_size=micro)
+                              min_steps=self.min_steps, micro_batch_size=micro, device=self.device)
 
 
 @dataclass
@@ -198,7 +199,9 @@ def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig, dat
     for name, default in _LATER_FIELDS.items():  # at their defaults, later fields leave fingerprints as they were
         if fields[name] == default:
             del fields[name]
-    content = {"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)}
+    settings = asdict(config)
+    del settings["device"]  # where a run computed is not what it is: a grid begun on CPUs is finished on GPUs
+    content = {"spec": fields, "config": settings, "model": model_fingerprint(model_dir)}
     if data is not None:
         content["data"] = data
     payload = json.dumps(content, sort_keys=True)
