@@ -164,7 +164,7 @@ def _spent(outcome: GridOutcome, device: str) -> str:
 
 def _grid(args, models: dict[str, Path], tasks: list, protocol: ProtocolConfig) -> int:
     """Runs the grid; the exit code of the contract (docs/evaluation.md)."""
-    outcome = evaluate_grid(models, tasks, args.output, protocol, workers=args.workers)
+    outcome = evaluate_grid(models, tasks, args.output, protocol, workers=args.workers, threads=args.threads)
     if outcome.stopped == "SIGINT":
         raise KeyboardInterrupt
     if outcome.stopped:
@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(per --model given, else the paper's sizes); no download")
     grid.add_argument("--workers", type=int, default=1,
                       help="worker processes on this node (default 1: in this process); on GPUs one per GPU")
+    grid.add_argument("--threads", type=int,
+                      help="torch threads per worker (default: this node's cores / --workers; one worker: torch's "
+                           "default). On CPU a run's numbers depend on its threads: equal threads, equal records")
     grid.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="--list: the wall time on this many GPUs")
     grid.add_argument("--mfu", type=float, default=DEFAULT_MFU,
                       help=f"--list: the model-FLOPs utilisation assumed for fine-tuning (default {DEFAULT_MFU})")
@@ -299,8 +302,8 @@ def _main(args) -> int:
             if not args.force:
                 check_summary_replaceable(args.output)  # someone's summary.md: refused now, not after the grid
             protocol = _protocol(args)  # --device cuda without a GPU: refused here, before anything is written
-            if args.workers < 1:
-                raise ValueError(f"--workers must be >= 1, got {args.workers}")
+            if args.workers < 1 or (args.threads is not None and args.threads < 1):
+                raise ValueError(f"--workers and --threads must be >= 1, got {args.workers} and {args.threads}")
             tasks = _tasks(args)  # after the checks above: it writes the smoke tasks into --output
             if args.keep_retriever is not None:
                 check_kept_outputs(args.keep_retriever, models, tasks)  # refused before hours of fine-tuning

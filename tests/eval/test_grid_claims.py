@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlmclm.eval.grid.claims import ClaimStore, Heartbeat
+from mlmclm.eval.grid.claims import ClaimStore, Heartbeat, process_start
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = [f"m/t/lr0.001_seed{seed}" for seed in range(12)]
@@ -66,7 +66,7 @@ def test_the_claim_of_a_process_of_this_host_that_is_gone_is_taken_at_once(tmp_p
     store = ClaimStore(tmp_path)
     assert store.claim("m/t/u", "fp")
     claim = json.loads(store.path("m/t/u").read_text())
-    claim["pid"], claim["pid_start"] = dead.pid, Path(f"/proc/{dead.pid}/stat").read_text().rpartition(")")[2].split()[19]
+    claim["pid"], claim["pid_start"] = dead.pid, process_start(dead.pid)
     store.path("m/t/u").write_text(json.dumps(claim))
     other = ClaimStore(tmp_path)
     assert not other.take_over("m/t/u", "fp")  # its process still runs: not stale, whatever its beat

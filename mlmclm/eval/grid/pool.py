@@ -3,7 +3,9 @@
 the parent's threads; and not through multiprocessing's spawn, which imports the command's own script, megatron
 and all, in every worker: seconds each), each handed its work (the units, pickled) on its standard input. On GPUs
 each worker sees one GPU (`CUDA_VISIBLE_DEVICES`: the i-th of those the command sees, round robin); on CPUs the
-workers split the cores (`torch.set_num_threads(cores // N)`, at least one each).
+workers split the cores (`torch.set_num_threads(cores // N)`, at least one each; `threads` sets it). On CPU a run's
+numbers depend on its torch threads (reductions split across threads round differently), not on the number of
+workers: runs with the same threads per worker give the same records bit for bit.
 
 SIGTERM and SIGUSR1 to the command are passed to every worker, which drops its unit and its claim (worker.py);
 SIGINT too (a terminal's Ctrl-C reaches them as well: a worker takes the first one only). A worker that dies
@@ -47,9 +49,9 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def worker_settings(workers: int, device: str) -> list[tuple[dict[str, str], int]]:
+def worker_settings(workers: int, device: str, threads: int | None = None) -> list[tuple[dict[str, str], int]]:
     """Per worker: the environment it starts with and its torch threads."""
-    threads = max(1, usable_cores() // workers)
+    threads = threads or max(1, usable_cores() // workers)
     if device != "cuda":
         return [({}, threads)] * workers
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -83,23 +85,28 @@ def _feed(process: subprocess.Popen, data: bytes) -> None:
         pass
 
 
-def run_in_process(units: list[Unit], output_dir: Path, started_at: float) -> PoolResult:
+def run_in_process(units: list[Unit], output_dir: Path, started_at: float, threads: int | None = None) -> PoolResult:
     """The worker loop in this process; SIGTERM/SIGUSR1 stop it as they would a worker process. Ctrl-C
     (KeyboardInterrupt) goes up to the command, as before."""
+    import torch
+
     saved = {signum: signal.signal(signum, raise_preempted) for signum in PREEMPTION_SIGNALS}
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or saved_threads)
     try:
         report = work(units, output_dir, ClaimStore(output_dir), started_at)
         return PoolResult(codes=[1 if report.failed else 0], pids=[os.getpid()])
     except Preempted as stop:
         return PoolResult(stopped=str(stop), codes=[PREEMPTED_EXIT_CODE], pids=[os.getpid()])
     finally:
+        torch.set_num_threads(saved_threads)
         for signum, handler in saved.items():
             signal.signal(signum, handler)
 
 
 def run_processes(units: list[Unit], output_dir: Path, started_at: float, workers: int, device: str,
-                  poll_seconds: float = 0.5) -> PoolResult:
-    settings = worker_settings(workers, device)
+                  threads: int | None = None, poll_seconds: float = 0.5) -> PoolResult:
+    settings = worker_settings(workers, device, threads)
     result = PoolResult()
     processes: list = [_Ended(0)] * workers
     replaced = [0] * workers
@@ -160,10 +167,12 @@ def _death(code: int | None) -> str:
     return f"ended with exit code {code}"
 
 
-def run_pool(units: list[Unit], output_dir: Path, started_at: float, workers: int = 1,
-             device: str = "cpu") -> PoolResult:
-    if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+def run_pool(units: list[Unit], output_dir: Path, started_at: float, workers: int = 1, device: str = "cpu",
+             threads: int | None = None) -> PoolResult:
+    """`threads`: torch threads per worker (None: the cores split between the workers; with one worker, torch's
+    own default)."""
+    if workers < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"--workers and --threads must be >= 1, got {workers} and {threads}")
     if workers == 1:
-        return run_in_process(units, output_dir, started_at)
-    return run_processes(units, output_dir, started_at, workers, device)
+        return run_in_process(units, output_dir, started_at, threads)
+    return run_processes(units, output_dir, started_at, workers, device, threads)

@@ -102,7 +102,8 @@ class Watcher:
 
 
 def evaluate_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], output_dir: Path,
-                  protocol: ProtocolConfig, progress: bool = True, workers: int = 1, say=None) -> GridOutcome:
+                  protocol: ProtocolConfig, progress: bool = True, workers: int = 1, threads: int | None = None,
+                  say=None) -> GridOutcome:
     """Every unit of the grid finished (here or by other commands on the same folder), or failed, or the command
     stopped by a signal (see docs/evaluation.md, "Many runs at once")."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -127,8 +128,11 @@ def evaluate_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData],
     say(f"grid: {len(units)} units ({protocol.device}, {workers} worker{'s' * (workers != 1)} here): "
         + ", ".join(parts))
     costs = {u.id: u.flops for u in units}
-    with Watcher(units, output_dir, GridProgress(costs, done, "evaluation runs", enabled=progress)):
-        result: PoolResult = run_pool(units, output_dir, started, workers, protocol.device)
+    if len(done) == len(units):  # nothing to run: no worker to start
+        result = PoolResult()
+    else:
+        with Watcher(units, output_dir, GridProgress(costs, done, "evaluation runs", enabled=progress)):
+            result = run_pool(units, output_dir, started, workers, protocol.device, threads)
     finished = {u.id: rs for u in units if (rs := finished_records(u, output_dir)) is not None}
     by_grid_order = sorted(units, key=lambda u: u.index)
     records = [record for u in by_grid_order if u.id in finished for record in finished[u.id]]

@@ -14,8 +14,8 @@ import math
 from mlmclm.eval.finetune.presets import PAPER_TASKS
 from mlmclm.eval.finetune.protocol import ProtocolConfig
 from mlmclm.eval.finetune.suite_plan import task_budget
-from mlmclm.eval.grid.cost import DEFAULT_MFU, DEFAULT_PEAK, EncoderShape, device_hours, hours_text, training_flops
-from mlmclm.eval.grid.cost import wall_hours
+from mlmclm.eval.grid.cost import (DEFAULT_MFU, DEFAULT_PEAK, EncoderShape, device_hours, hours_text, training_flops,
+                                   wall_hours)
 
 # Mean tokens of one training row (MNLI/QQP: the pair in its template; QA: question + context; MS MARCO: a query and
 # its passage, both towers): estimates, not counts.
@@ -49,7 +49,8 @@ def price_suite(protocol: ProtocolConfig, shapes: dict[str, EncoderShape], tasks
         total = sum(unit_hours)
         lines.append(f"  {label}: {len(unit_hours)} runs, {hours_text(total)} GPU-hours, "
                      f"{hours_text(wall_hours(unit_hours, gpus))} on {gpus} GPUs")
-    lines.append(f"  tokens per training row assumed: {', '.join(f'{k} {v}' for k, v in ASSUMED_TOKENS.items() if k in names)}")
+    assumed = ", ".join(f"{name} {tokens}" for name, tokens in ASSUMED_TOKENS.items() if name in names)
+    lines.append(f"  tokens per training row assumed: {assumed}")
     if assumed_rows:
         lines.append(f"  training rows assumed (no --data-root): "
                      f"{', '.join(f'{k} {ASSUMED_TRAIN_ROWS[k]:,}' for k in dict.fromkeys(assumed_rows))}")

@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import torch
+
 from mlmclm.eval.finetune.protocol import (SEEDED_HALVES_NOTE, ProtocolConfig, RunRecord, data_identity,
                                            read_finished, run_fingerprint, run_path, write_json_atomic)
 from mlmclm.eval.finetune.runner import finetune_and_score
@@ -137,7 +139,8 @@ def run_unit(unit: Unit, output_dir: Path, worker: str = "", keep: callable = la
 
 def _where(unit: Unit, worker: str, stopped_at: int | None) -> dict:
     """Where and by whom the unit ran (not part of its fingerprint), and where an all-NaN run stopped stepping."""
-    where = {"device": unit.config.device, **({"worker": worker} if worker else {})}
+    # threads: on CPU a run's last bits depend on them (reductions split across threads), so the record says
+    where = {"device": unit.config.device, "threads": torch.get_num_threads(), **({"worker": worker} if worker else {})}
     if stopped_at is not None:
         where["stopped_at_step"] = stopped_at  # every weight NaN: the later steps could change nothing
     return where
