@@ -26,20 +26,24 @@ import torch
 
 
 def build(args, folder):
+    """The model (on the CPU) and the rows."""
     from transformers import EuroBertConfig, EuroBertForSequenceClassification, EuroBertModel
 
     from mlmclm.eval.finetune.encodeval_heads import EncodEvalSequenceClassifier
 
     torch.manual_seed(0)
+    heads = args.heads or args.hidden // 64
     config = EuroBertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
-                            num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
-                            intermediate_size=4 * args.hidden, max_position_embeddings=2 * args.seq, pad_token_id=0,
+                            num_attention_heads=heads, num_key_value_heads=args.kv_heads or heads,
+                            intermediate_size=args.ffn or 4 * args.hidden, max_position_embeddings=2 * args.seq,
+                            pad_token_id=0,
                             bos_token_id=1, eos_token_id=2, mask_token_id=3,
                             num_labels=2, classifier_pooling="mean")
     if args.head == "eurobert":
         model = EuroBertForSequenceClassification(config)
     else:  # an encoder directory, as the paper suite reads one, under EncodEval's head
-        EuroBertModel(config).save_pretrained(f"{folder}/encoder")
+        with torch.device(args.device):  # a 610m model's random init takes seconds on a CPU, not on a GPU
+            EuroBertModel(config).save_pretrained(f"{folder}/encoder")
         model = EncodEvalSequenceClassifier(f"{folder}/encoder", num_labels=2)
     generator = torch.Generator().manual_seed(1)
     rows = [{"input_ids": torch.randint(4, args.vocab, (args.seq,), generator=generator).tolist(),
@@ -51,11 +55,11 @@ def ours(model, rows, args) -> float:
     from mlmclm.eval.finetune.training import FinetuneConfig, in_precision, pad_batch, train
 
     config = FinetuneConfig(learning_rate=1e-4, max_steps=args.steps, max_epochs=None, batch_size=args.batch,
-                            dtype=args.dtype, micro_batch_size=args.micro)
+                            dtype=args.dtype, micro_batch_size=args.micro, device=args.device)
     model = in_precision(model, config)
     started = time.perf_counter()
     train(model, rows, lambda chunk: pad_batch(chunk, {"input_ids": 0, "attention_mask": 0}),
-          lambda m, b: m(**b).loss, config)
+          lambda m, b: m(**b).loss, config)  # its last read of the losses waits for the device's last step
     return time.perf_counter() - started
 
 
@@ -72,12 +76,13 @@ def trainer(model, rows, args, folder) -> float:
         output_dir=folder, per_device_train_batch_size=args.micro, gradient_accumulation_steps=args.batch // args.micro,
         max_steps=args.steps, learning_rate=1e-4, optim="adamw_torch",
         adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-5, weight_decay=0.1, warmup_steps=0.1,
-        lr_scheduler_type="linear", max_grad_norm=1.0, bf16=bf16, use_cpu=True, report_to="none",
+        lr_scheduler_type="linear", max_grad_norm=1.0, bf16=bf16, use_cpu=args.device == "cpu",
+        report_to="none",
         save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0)
     run = Trainer(model=model, args=training, train_dataset=rows,
                   data_collator=lambda chunk: pad_batch(chunk, {"input_ids": 0, "attention_mask": 0}))
     started = time.perf_counter()
-    run.train()
+    run.train()  # it reads the loss back at its end (tr_loss.item()): the device's work is done when it returns
     return time.perf_counter() - started
 
 
@@ -93,6 +98,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
+    parser.add_argument("--heads", type=int, help="attention heads (default hidden / 64)")
+    parser.add_argument("--kv-heads", type=int, help="key/value heads (default: the heads)")
+    parser.add_argument("--ffn", type=int, help="MLP width (default 4 x hidden)")
     parser.add_argument("--head", choices=("encodeval", "eurobert"), default="encodeval",
                         help="the model's head: EncodEval's SL head over EuroBertModel (the paper suite's) or "
                              "transformers' EuroBertForSequenceClassification")

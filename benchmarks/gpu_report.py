@@ -72,6 +72,24 @@ def _checks(data: dict) -> list[str]:
             for c in data["result"].get("checks", [])]
 
 
+def _finetune(part: dict) -> list[str]:
+    """The evaluation's fine-tuning against transformers' Trainer (gpu_finetune.py)."""
+    if not part:
+        return ["  fine-tuning vs Trainer: not run"]
+    speeds = part.get("steps_per_s", {})
+    ratio = part.get("ours_over_trainer")
+    lines = [f"  fine-tuning ({part.get('config', {}).get('model')}, bf16, 8 x 4 rows a step): ours "
+             f"{_num(speeds.get('ours'), '.2f')} steps/s, Trainer {_num(speeds.get('Trainer'), '.2f')} steps/s, "
+             f"ours / Trainer {_num(ratio, '.2f')}x (goal >= 1.0x); Trainer: {part.get('trainer')}"]
+    runs = part.get("runs_per_hour", {})
+    if runs:
+        lines.append(f"  runs per hour at EncodEval's {runs['steps_per_run']} steps: {runs['ours']:.1f} "
+                     f"({runs['note']}); host syncs per run: {part.get('host_syncs_per_run')}")
+    if part.get("not_reached") or part.get("error"):
+        lines.append(f"  fine-tuning: {part.get('not_reached') or part.get('error')}")
+    return lines
+
+
 def _features(data: dict) -> list[str]:
     result = data["result"]
     agreement = result.get("bf16_vs_fp32", {})
@@ -79,6 +97,7 @@ def _features(data: dict) -> list[str]:
                if agreement.get("not_reached") else "FAIL " + str(agreement.get("error") or ""))
     lines = [f"  bf16 vs fp32: max relative loss difference {_num(agreement.get('max_rel_diff'), '.4f')} -> "
              f"{verdict}"]
+    lines = _finetune(result.get("finetune", {})) + lines
     table = result.get("features", {})
     for row in table.get("rows", []):
         lines.append(f"  {row['variant']:<30}{row['tokens_per_s']:>10,.0f} tok/s  defaults {row['defaults_speedup']:.2f}x")

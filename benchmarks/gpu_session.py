@@ -41,16 +41,18 @@ SECTIONS = [
                         "fed through pretrain's batch path, chunked head, random-length samples as THD with the "
                         "fused RoPE, bf16; the attention and weight-gradient GEMM each row ran; eurobert-210m then "
                         "1b, MLM and CLM"),
-    ("speed_fp8", 60, "the same with FP8 GEMMs (tensorwise, delayed; ratios to bf16), then FP8 attention where "
+    ("speed_fp8", 48, "the same with FP8 GEMMs (tensorwise, delayed; ratios to bf16), then FP8 attention where "
                       "the gate allows it (padded rows, delayed, head_dim 128) next to it off"),
     ("memory", 30, "peak memory at the worst-case micro-batch (24,576 tokens, CLM) against --plan's estimate, "
                    "chunked head and megatron's whole head"),
-    ("determinism", 85, "deterministic: true — two same-seed runs and a stopped-and-resumed one through pretrain, "
+    ("determinism", 73, "deterministic: true — two same-seed runs and a stopped-and-resumed one through pretrain, "
                         "step by step"),
     ("train_check", 130, "torchrun + NCCL: SIGTERM preemption and resume (each launch ~45 s), HF export --verify "
                          "beside the resume, FP8 delayed save/resume (TE extra state), TE checkpoint keys, "
                          "per-document THD attention"),
-    ("features", 25, "the rest: bf16 vs fp32 losses; sparse head / fused kernels / manual GC on vs off"),
+    ("features", 60, "the evaluation's fine-tuning against transformers' Trainer (EncodEval's settings, bf16, "
+                     "eurobert-610m: steps/s side by side, host syncs per run, runs per hour); then the rest: bf16 vs "
+                     "fp32 losses; sparse head / fused kernels / manual GC on vs off"),
 ]
 KILL_AFTER_S = 3    # `timeout -k`: SIGKILL this long after SIGTERM, to the section's whole process group
 MARGIN_S = 8        # a section stops itself this long before its timeout

@@ -113,3 +113,92 @@ def progress(items: Iterable, desc: str, unit: str = "run", enabled: bool = True
         # disable given: $TQDM_DISABLE (which the demo sets for the fine-tuning's step bars) does not hide this one
         return tqdm(items, desc=desc, unit=unit, file=stream, dynamic_ncols=True, disable=False)
     return LogProgress(items, desc, stream, interval_seconds())
+
+
+class GridProgress:
+    """Progress of a grid whose units finish in other threads, processes or nodes (`finished` is told each one):
+    one line per finished unit with the ETA of the whole grid — on a terminal a bar instead — and, in a log, the
+    status line every `interval` seconds meanwhile (a unit may take minutes).
+
+    The ETA weighs what is left by each unit's estimated cost (`costs`): seconds per unit of cost, measured on the
+    units finished since this command started (not those read back), times the cost left, over the workers running
+    (`set_running`: every claim in the output folder, this node's and others')."""
+
+    def __init__(self, costs: dict[str, float], done: set[str], desc: str, stream: TextIO | None = None,
+                 interval: float | None = None, enabled: bool = True):
+        self.costs, self.done, self.desc = dict(costs), set(done) & set(costs), desc
+        self.stream = stream or sys.stderr
+        self.interval = interval_seconds() if interval is None else interval
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self.spent_seconds = self.spent_cost = 0.0
+        self.running: list[str] = []
+        self.last: tuple[str, float] | None = None
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._bar = None
+        if enabled and self.stream.isatty():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=len(self.costs), initial=len(self.done), desc=desc, unit="run", file=self.stream,
+                             dynamic_ncols=True, disable=False)
+        self._ticker = None
+        if enabled and self._bar is None:
+            self._ticker = threading.Thread(target=self._tick, daemon=True, name="progress-log")
+            self._ticker.start()
+
+    def set_running(self, names: list[str]) -> None:
+        with self._lock:
+            self.running = list(names)
+
+    def eta_seconds(self) -> float | None:
+        with self._lock:
+            left = sum(cost for unit, cost in self.costs.items() if unit not in self.done)
+            if not self.spent_cost:
+                return None
+            return left * self.spent_seconds / self.spent_cost / max(1, len(self.running))
+
+    def finished(self, unit: str, name: str, seconds: float) -> None:
+        """`unit` (an id of `costs`) ended after `seconds` of work; `name` is how the line names it."""
+        with self._lock:
+            if unit in self.done:
+                return
+            self.done.add(unit)
+            self.last = (name, seconds)
+            if seconds >= REAL_RUN_SECONDS and self.costs.get(unit):
+                self.spent_seconds += seconds
+                self.spent_cost += self.costs[unit]
+        if self._bar is not None:
+            eta = self.eta_seconds()
+            self._bar.set_postfix_str(f"ETA {_minutes(eta)}" if eta is not None else "")
+            self._bar.update(1)
+        elif self.enabled:
+            self.write(self.status())
+
+    def write(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def status(self) -> str:
+        eta = self.eta_seconds()
+        with self._lock:
+            total, done = len(self.costs), len(self.done)
+            eta_text = f"ETA {_minutes(eta)}" if eta is not None else "ETA after the first run"
+            last = f"; last finished: {self.last[0]} in {_minutes(self.last[1])}" if self.last else ""
+            now = f"; running: {', '.join(self.running[:4])}{' …' * (len(self.running) > 4)}" if self.running else ""
+            return f"{self.desc}: {done}/{total} done, {total - done} left, {eta_text}{last}{now}"
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write(self.status())
+
+    def close(self) -> None:
+        """Stops the lines; the last one says how many are done and the wall time."""
+        self._stop.set()
+        if self._bar is not None:
+            self._bar.close()
+        if self.enabled:
+            with self._lock:
+                total, done = len(self.costs), len(self.done)
+            self.write(f"{self.desc}: {done}/{total} done in {_minutes(time.monotonic() - self.started)}")

@@ -9,8 +9,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("mlmclm", "recipes", "cluster", "tools", "benchmarks")
 ABOVE_THE_LIBRARY = ("recipes", "cluster", "tools", "benchmarks")
 # mlmclm/eval's sub-packages, lowest first: each may import itself and the ones before it, never one after it
-# (the data the suite reads < fine-tuning and scoring < reports from run records < the demo's smoke checks).
-EVAL_ROOMS = ("data", "finetune", "reports", "checks")
+# (the data the suite reads < fine-tuning and scoring < the grid's units, claims and workers < reports from run
+# records < the demo's smoke checks).
+EVAL_ROOMS = ("data", "finetune", "grid", "reports", "checks")
 
 
 def _module_name(path: Path) -> str:

@@ -9,7 +9,11 @@
   python tools/evaluate.py grid --model CLM=out/clm_hf --tasks tasks.json --output eval/clm
   python tools/evaluate.py curve --run-dir runs/clm --smoke --lrs 1e-4 --seeds 0 --output eval/clm_curve
   python tools/evaluate.py summary --output eval/clm            # rebuild summary.md from the run JSONs
-Re-running a command skips runs already finished.
+  python tools/evaluate.py grid --model CLM=out/clm_hf --data-root data/paper --output eval/clm --workers 8  # 8 GPUs
+  python tools/evaluate.py status eval/clm                       # done / running (by whom, since when) / failed / left
+Re-running a command skips runs already finished. Any number of grid commands, on any nodes, may share one --output:
+each takes the units nobody holds (docs/evaluation.md, "Many runs at once"). Exit 0: every unit finished; 1: a unit
+failed; 2: refused before any unit ran; 75: stopped by SIGTERM/SIGUSR1 (its units given back); 130: Ctrl-C.
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from mlmclm import quiet
 quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
 
 import argparse
+import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from mlmclm.convert.dist_reader import CheckpointReadError
@@ -28,9 +34,15 @@ from mlmclm.eval.data.data_root import check_manifest
 from mlmclm.eval.data.fetch import FetchError, fetch_suite, manifest_bytes, suite_repos
 from mlmclm.eval.finetune.presets import PAPER_TASKS, PRESETS, paper_suite, preset_task
 from mlmclm.eval.finetune.protocol import (CUSTOM_MIN_STEPS, PAPER_LEARNING_RATES, PAPER_SEEDS, RUNS_FOLDER,
-                                           ProtocolConfig, load_records, run_grid)
+                                           ProtocolConfig, load_records)
+from mlmclm.eval.finetune.device import DEVICE_CHOICES, resolve_device
 from mlmclm.eval.finetune.suite_plan import describe_suite
 from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
+from mlmclm.eval.grid.cost import DEFAULT_MFU, EncoderShape
+from mlmclm.eval.grid.run import GridFailed, GridOutcome, GridStopped, evaluate_grid
+from mlmclm.eval.grid.status import grid_status
+from mlmclm.eval.grid.suite_cost import DEFAULT_GPUS, price_suite
+from mlmclm.eval.grid.worker import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, Preempted, raise_preempted
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.reports.summary import check_summary_replaceable, write_summary
 from mlmclm.export.retriever import check_kept_outputs, keep_retrievers
@@ -68,6 +80,12 @@ def _tasks(args) -> list:
 
 
 def _protocol(args) -> ProtocolConfig:
+    protocol = _budgets(args)
+    device = getattr(args, "device", None)
+    return replace(protocol, device=resolve_device(device)) if device else protocol
+
+
+def _budgets(args) -> ProtocolConfig:
     if args.smoke and not (args.tasks or args.preset):
         # the smoke tasks alone: the budget they are learnable in at demo size (the paper grid's LRs with one epoch
         # of the ~200 smoke NER rows, 7 steps, left a demo-size model at entity F1 0.00-0.01)
@@ -122,6 +140,53 @@ def _check_model_dir(value: str, path: Path) -> None:
     raise FileNotFoundError(f"--model {value}: {path} is not a Hugging Face model folder (no config.json)")
 
 
+def _model_shapes(args) -> dict[str, EncoderShape]:
+    """--list's models: those of --model, else the paper's three sizes."""
+    if args.model:
+        return {label: EncoderShape.of_model_dir(path) for label, path in _models(args.model).items()}
+    from mlmclm.model.config import PRESETS
+
+    return {name: EncoderShape.of_model_config(PRESETS[name])
+            for name in ("eurobert-210m", "eurobert-610m", "eurobert-1b")}
+
+
+def _spent(outcome: GridOutcome, device: str) -> str:
+    """What the grid cost: units, device-hours by the records' seconds (a worker holds one device), units per hour
+    of this command's wall time."""
+    own = [r for r in outcome.records if "trained_on" not in r.extra]  # an extra set's record repeats its unit's
+    hours = sum(r.seconds for r in own) / 3600
+    kind = "GPU" if device == "cuda" else "CPU-worker"
+    rate = outcome.ran_here / (outcome.wall_seconds / 3600) if outcome.wall_seconds > 0 else 0.0
+    return (f"spent: {len(own)} of {len(outcome.units)} units finished, {hours:.3f} {kind}-hours by their records; "
+            f"this command ran {outcome.ran_here} in {outcome.wall_seconds / 60:.1f} min of wall time "
+            f"({rate:.0f} units per hour)")
+
+
+def _grid(args, models: dict[str, Path], tasks: list, protocol: ProtocolConfig) -> int:
+    """Runs the grid; the exit code of the contract (docs/evaluation.md)."""
+    outcome = evaluate_grid(models, tasks, args.output, protocol, workers=args.workers, threads=args.threads)
+    if outcome.stopped == "SIGINT":
+        raise KeyboardInterrupt
+    if outcome.stopped:
+        raise Preempted(outcome.stopped)
+    if outcome.records:
+        _print_summary(write_summary(outcome.records, args.output, force=args.force))
+    print(_spent(outcome, protocol.device))
+    for line in outcome.lost_workers:
+        print(f"lost a worker: {line} (its unit was taken over)")
+    if outcome.failed:
+        for failure in outcome.failed:
+            why = failure["error"].strip().splitlines()[-1:] or ["?"]
+            print(f"evaluate: error: {failure['unit']} failed: {why[0]}", file=sys.stderr)
+        print(f"evaluate: {len(outcome.failed)} unit(s) failed ({args.output / 'failed'}; `python tools/evaluate.py "
+              f"status {args.output}`); the same command runs them once more", file=sys.stderr)
+        return 1
+    if args.keep_retriever is not None:
+        for line in keep_retrievers(outcome.records, models, tasks, protocol, args.keep_retriever):
+            print(line)
+    return 0
+
+
 def _saved_runs(output: Path | None) -> str:
     """What an interrupted grid or curve leaves: its finished runs' records (the one in progress is lost)."""
     if output is None:
@@ -136,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     grid = commands.add_parser("grid", help="LR x seed grid on each task for each model, then the summary")
     curve = commands.add_parser("curve", help="export + evaluate every checkpoint of a training run")
     summary = commands.add_parser("summary", help="rebuild summary.md / summary.json from existing run JSONs")
+    status = commands.add_parser("status", help="where a grid's output folder stands: done, running (by which "
+                                                "worker, since when), failed (why), left — across every node")
+    status.add_argument("output_dir", type=Path, metavar="OUT")
     fetch = commands.add_parser("fetch", help="download every file the paper suite reads into --out (network; "
                                               "resumable), for --data-root on offline machines")
     fetch.add_argument("--suite", choices=("paper",), default="paper")
@@ -164,12 +232,23 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"custom suites: at least this many steps per run, repeating a small training set "
                               f"for more epochs (default {CUSTOM_MIN_STEPS}; 0: none; never past --max-steps)")
         sub.add_argument("--batch-size", type=int, help=f"default 32; --smoke alone: {SMOKE_BATCH_SIZE}")
+        sub.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                         help="where the runs compute (default auto: the GPU when there is one)")
     grid.add_argument("--model", action="append", metavar="LABEL=HF_MODEL_DIR")
     grid.add_argument("--keep-retriever", type=Path, metavar="DIR",
                       help="keep each model's fine-tuned retriever (the selected LR's best seed, trained again) as "
                            "a sentence-transformers directory DIR/LABEL/TASK (never overwritten)")
     grid.add_argument("--list", action="store_true",
-                      help="print each paper task's source, splits and budget and the steps per model; no download")
+                      help="print each paper task's source, splits and budget, the steps per model and its GPU-hours "
+                           "(per --model given, else the paper's sizes); no download")
+    grid.add_argument("--workers", type=int, default=1,
+                      help="worker processes on this node (default 1: in this process); on GPUs one per GPU")
+    grid.add_argument("--threads", type=int,
+                      help="torch threads per worker (default: this node's cores / --workers; one worker: torch's "
+                           "default). On CPU a run's numbers depend on its threads: equal threads, equal records")
+    grid.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="--list: the wall time on this many GPUs")
+    grid.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                      help=f"--list: the model-FLOPs utilisation assumed for fine-tuning (default {DEFAULT_MFU})")
     curve.add_argument("--run-dir", type=Path, required=True, help="training run folder with checkpoints/iter_*")
     curve.add_argument("--every", type=int, default=1, help="evaluate every N-th checkpoint (the last always)")
     for sub in (grid, curve, summary):
@@ -188,7 +267,17 @@ def _print_summary(markdown_path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "grid" and not args.list:  # a preemption at any moment: exit 75, not the signal's death
+        saved = {signum: signal.signal(signum, raise_preempted) for signum in PREEMPTION_SIGNALS}
+    try:
+        return _main(args)
+    finally:
+        if args.command == "grid" and not args.list:
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
 
+
+def _main(args) -> int:
     try:
         if args.command == "fetch":
             manifest = fetch_suite(args.out, args.task or list(PAPER_TASKS))
@@ -199,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--list describes the paper suite (--suite paper)")
             manifest = check_manifest(args.data_root, suite_repos(args.task or list(PAPER_TASKS)),
                                       args.allow_other_revisions) if args.data_root else None
-            print(describe_suite(_protocol(args), args.task, manifest))
+            protocol = _budgets(args)
+            print(describe_suite(protocol, args.task, manifest))
+            print("\n".join(price_suite(protocol, _model_shapes(args), args.task, manifest, args.gpus, args.mfu)))
         elif args.command == "grid":
             if not args.model or args.output is None:
                 raise ValueError("grid needs --model LABEL=HF_MODEL_DIR and --output DIR (or --list)")
@@ -210,15 +301,15 @@ def main(argv: list[str] | None = None) -> int:
                 check_output_apart(args.keep_retriever, inputs)
             if not args.force:
                 check_summary_replaceable(args.output)  # someone's summary.md: refused now, not after the grid
-            protocol = _protocol(args)
+            protocol = _protocol(args)  # --device cuda without a GPU: refused here, before anything is written
+            if args.workers < 1 or (args.threads is not None and args.threads < 1):
+                raise ValueError(f"--workers and --threads must be >= 1, got {args.workers} and {args.threads}")
             tasks = _tasks(args)  # after the checks above: it writes the smoke tasks into --output
             if args.keep_retriever is not None:
                 check_kept_outputs(args.keep_retriever, models, tasks)  # refused before hours of fine-tuning
-            records = run_grid(models, tasks, args.output, protocol)
-            _print_summary(write_summary(records, args.output, force=args.force))
-            if args.keep_retriever is not None:
-                for line in keep_retrievers(records, models, tasks, protocol, args.keep_retriever):
-                    print(line)
+            return _grid(args, models, tasks, protocol)
+        elif args.command == "status":
+            print(grid_status(args.output_dir))
         elif args.command == "curve":
             check_output_apart(args.output, {"training run": args.run_dir, "data root": args.data_root})
             print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
@@ -237,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         newline = "\n" if sys.stderr.isatty() else ""  # off the terminal's ^C and any progress bar's line
         print(f"{newline}evaluate: stopped (Ctrl-C): {kept}; the same command resumes", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+    except GridFailed as err:  # `curve`'s grids: a unit failed
+        print(f"evaluate: error: a run failed: {err}", file=sys.stderr)
+        return 1
+    except (Preempted, GridStopped) as stop:  # SIGTERM / SIGUSR1: a preemption; the units in progress given back
+        print(f"evaluate: stopped ({stop}): {_saved_runs(args.output)} (its claims removed: any other command takes "
+              f"them); the same command resumes", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     return 0
 
 

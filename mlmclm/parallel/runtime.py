@@ -205,3 +205,8 @@ def destroy_parallel() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _layout = None
+
+
+def gpu_count() -> int:
+    """CUDA devices this process sees (0 without CUDA): the evaluation grid gives each worker one of them."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

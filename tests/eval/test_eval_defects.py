@@ -15,7 +15,8 @@ from transformers import AutoTokenizer, EuroBertConfig, EuroBertForMaskedLM
 
 from mlmclm.data.tokenizer import train_bpe
 from mlmclm.eval.checks.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
-from mlmclm.eval.finetune.protocol import RunRecord, run_grid
+from mlmclm.eval.finetune.protocol import RunRecord
+from mlmclm.eval.grid.run import run_grid
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskDataError, TaskSpec
 from mlmclm.eval.finetune.token_classification import IGNORE, encode_words, word_predictions

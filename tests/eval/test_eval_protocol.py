@@ -4,9 +4,9 @@ import math
 import pytest
 from eval_fixtures import make_task_folder
 
-from mlmclm.eval.finetune.protocol import (ProtocolConfig, RunRecord, load_records, run_grid, run_path,
-                                           select_learning_rate)
+from mlmclm.eval.finetune.protocol import ProtocolConfig, RunRecord, load_records, run_path, select_learning_rate
 from mlmclm.eval.finetune.task_spec import TaskSpec
+from mlmclm.eval.grid.run import run_grid
 from mlmclm.eval.reports.summary import family_results, stability_results, summary_markdown, task_results, write_summary
 
 

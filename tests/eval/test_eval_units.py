@@ -6,11 +6,12 @@ from eval_fixtures import make_task_folder, save_tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from mlmclm.eval.finetune.protocol import ProtocolConfig, run_fingerprint, run_grid, run_path
+from mlmclm.eval.finetune.protocol import ProtocolConfig, run_fingerprint, run_path
 from mlmclm.eval.finetune.qa import MAX_ANSWER_TOKENS, _best_answers
 from mlmclm.eval.finetune.task_spec import TaskSpec
 from mlmclm.eval.finetune.token_classification import IGNORE, encode_words, word_predictions
 from mlmclm.eval.finetune.training import FinetuneConfig
+from mlmclm.eval.grid.run import run_grid
 
 # --- resume fingerprint ------------------------------------------------------------------------------------------
 

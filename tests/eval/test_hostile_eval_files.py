@@ -12,9 +12,10 @@ from eval_fixtures import evaluate_main, make_task_folder
 
 from mlmclm.bounded_read import FileRefusedError
 from mlmclm.eval.data.data_root import read_manifest
-from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid, run_path
+from mlmclm.eval.finetune.protocol import ProtocolConfig, run_path
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskSpec, load_task_specs
+from mlmclm.eval.grid.run import run_grid
 from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 
 FIFO = "a FIFO (named pipe), not a regular file"

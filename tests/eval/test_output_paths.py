@@ -3,7 +3,8 @@ task file or the command line can never put a record outside --output."""
 import pytest
 from eval_fixtures import make_task_folder
 
-from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid, run_path
+from mlmclm.eval.finetune.protocol import ProtocolConfig, run_path
+from mlmclm.eval.grid.run import run_grid
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskSpec, load_task_specs
 from mlmclm.path_names import check_path_component

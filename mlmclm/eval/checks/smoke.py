@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlmclm.eval.checks.smoke_tasks import SmokeSizes, write_smoke_tasks
-from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid
+from mlmclm.eval.finetune.protocol import ProtocolConfig
+from mlmclm.eval.grid.run import run_grid
 from mlmclm.eval.reports.summary import write_summary
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from mlmclm.eval.finetune.loading import load_options
+from mlmclm.eval.finetune.device import on_device
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalSequenceClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, text_inputs
 from mlmclm.eval.finetune.metrics import accuracy
@@ -50,7 +52,7 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
         extra = {"classifier_pooling": "mean"} if model_type == "eurobert" else {}
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, num_labels=len(data.labels), id2label={i: str(l) for l, i in label_ids.items()},
-            label2id={str(l): i for l, i in label_ids.items()}, trust_remote_code=False, **extra)
+            label2id={str(l): i for l, i in label_ids.items()}, trust_remote_code=False, **load_options(), **extra)
         model.config.pad_token_id = tokenizer.pad_token_id
     model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
@@ -67,7 +69,7 @@ def run_classification(model_dir: Path, data: TaskData, config: FinetuneConfig,
         predictions = []
         with torch.no_grad():
             for chunk in batched(eval_features, eval_batch_size):
-                batch = collate(chunk)
+                batch = on_device(collate(chunk), config.device)
                 batch.pop("labels")
                 predictions.extend(forward(**batch).logits.argmax(-1).tolist())
         metrics[split] = {"accuracy": accuracy(predictions, [f["labels"] for f in eval_features])}

@@ -22,6 +22,8 @@ from torch import nn
 from transformers import AutoModel
 from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassifierOutput
 
+from mlmclm.eval.finetune.loading import load_options
+
 POOLINGS = ("mean", "eos")  # SLModelForSequenceClassification.forward; anything else raises NotImplementedError
 DEFAULT_TOKEN_DROPOUT = 0.1  # SLModelForTokenClassification: classifier_dropout, else hidden_dropout, else 0.1
 
@@ -56,7 +58,7 @@ class EncodEvalSequenceClassifier(nn.Module):
 
     def __init__(self, model_dir: Path, num_labels: int):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False, **load_options())
         config = self.encoder.config
         self.pooling = pooling_of(config, "classifier_pooling")
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
@@ -82,7 +84,7 @@ class EncodEvalTokenClassifier(nn.Module):
 
     def __init__(self, model_dir: Path, num_labels: int):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False, **load_options())
         config = self.encoder.config
         rate = next((value for value in (getattr(config, "classifier_dropout", None),
                                          getattr(config, "hidden_dropout", None)) if value is not None),
@@ -108,7 +110,7 @@ class EncodEvalRetrievalEncoder(nn.Module):
 
     def __init__(self, model_dir: Path):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False, **load_options())
         self.pooling = pooling_of(self.encoder.config, "retrieval_pooling")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from mlmclm.eval.finetune.device import on_device
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalTokenClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, qa_inputs
 from mlmclm.eval.finetune.encodeval_scores import qa_answer_positions, qa_score
@@ -41,15 +42,15 @@ def encode_questions(tokenizer, rows, max_length: int) -> list[dict]:
     return features
 
 
-def predicted_inside(model, features: list[dict], collate) -> list[set[int]]:
+def predicted_inside(model, features: list[dict], collate, device: str = "cpu") -> list[set[int]]:
     """Per question, the positions of its padded batch of EVAL_BATCH_SIZE the model tags inside (label 1).
     `model`: any callable (the run passes it as the Trainer calls it, training.trainer_forward)."""
     out = []
     with torch.no_grad():
         for chunk in batched(features, EVAL_BATCH_SIZE):
-            batch = collate(chunk)
+            batch = on_device(collate(chunk), device)
             batch.pop("labels")
-            predicted = model(**batch).logits.argmax(-1)
+            predicted = model(**batch).logits.argmax(-1).cpu()  # one read per batch of 4, not per question
             out += [set(torch.nonzero(row == 1).flatten().tolist()) for row in predicted]
     return out
 
@@ -72,6 +73,6 @@ def run_encodeval_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
         features = encode_questions(tokenizer, data[split], max_length)
         gold = [{p for p, label in enumerate(f["labels"]) if label == 1} for f in features]
         # EncodEval evaluates the model the Trainer prepared: its forward under autocast
-        predicted = predicted_inside(trainer_forward(model, config), features, collate)
+        predicted = predicted_inside(trainer_forward(model, config), features, collate, config.device)
         metrics[split] = {"encodeval_f1": qa_score(predicted, gold)}
     return RunOutcome(metrics=metrics, log=log)

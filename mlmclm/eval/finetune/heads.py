@@ -7,6 +7,8 @@ import torch
 from torch import nn
 from transformers import AutoModel
 
+from mlmclm.eval.finetune.loading import load_options
+
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -18,7 +20,7 @@ class SpanQAModel(nn.Module):
 
     def __init__(self, model_dir: Path):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False, **load_options())
         self.span = nn.Linear(self.encoder.config.hidden_size, 2)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +35,7 @@ class MeanPoolingEncoder(nn.Module):
 
     def __init__(self, model_dir: Path):
         super().__init__()
-        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False)
+        self.encoder = AutoModel.from_pretrained(model_dir, trust_remote_code=False, **load_options())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

@@ -6,10 +6,8 @@ import hashlib
 import json
 import math
 import os
-import sys
-import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +17,10 @@ from mlmclm.atomic_write import write_atomic
 from mlmclm.bounded_read import open_regular_file, read_regular_json
 from mlmclm.eval.data.data_files import MAX_ROW_CHARS
 from mlmclm.eval.finetune.record_check import RunRecordError, check_record
-from mlmclm.eval.finetune.runner import finetune_and_score
-from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
 from mlmclm.eval.finetune.training import FinetuneConfig
 from mlmclm.path_names import check_path_component
 from mlmclm.pickled_weights import load_plain_tensors
-from mlmclm.progress_log import progress as progress_bar
 from mlmclm.tokenizer_probe import probe_tokenizer
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
@@ -73,6 +68,7 @@ class ProtocolConfig:
     dtype: str = "float32"  # fine-tuning precision (precision.DTYPES); the paper's is bf16
     min_steps: int | None = None  # floor under the epoch cap (training.budget_steps); custom suites: CUSTOM_MIN_STEPS
     micro_batches: tuple[tuple[str, int], ...] = ()  # (family, rows per micro-batch); others: the whole batch
+    device: str = "cpu"  # where every run computes (finetune/device.py; `--device`): not part of a run's fingerprint
 
     @classmethod
     def paper(cls, **overrides) -> ProtocolConfig:
@@ -86,7 +82,7 @@ class ProtocolConfig:
             raise ValueError(f"seeds must be non-empty and distinct, got {self.seeds}")
         FinetuneConfig(learning_rate=self.learning_rates[0], max_steps=self.max_steps, max_epochs=self.max_epochs,
                        batch_size=self.batch_size, warmup_fraction=self.warmup_fraction,
-                       dtype=self.dtype, min_steps=self.min_steps)  # validates the budget and precision
+                       dtype=self.dtype, min_steps=self.min_steps, device=self.device)  # validates them
         for family, rows in self.micro_batches:  # refused here, before any run, naming the family
             if rows < 1 or self.batch_size % min(rows, self.batch_size):
                 raise ValueError(f"batch size {self.batch_size} is not a whole number of {family} micro-batches "
@@ -105,7 +101,7 @@ class ProtocolConfig:
         micro = next((min(rows, self.batch_size) for name, rows in self.micro_batches if name == family), None)
         return FinetuneConfig(learning_rate=learning_rate, seed=seed, max_steps=max_steps, max_epochs=max_epochs,
                               batch_size=self.batch_size, warmup_fraction=self.warmup_fraction, dtype=self.dtype,
-                              min_steps=self.min_steps, micro_batch_size=micro)
+                              min_steps=self.min_steps, micro_batch_size=micro, device=self.device)
 
 
 @dataclass
@@ -198,7 +194,9 @@ def run_fingerprint(model_dir: Path, spec: TaskSpec, config: FinetuneConfig, dat
     for name, default in _LATER_FIELDS.items():  # at their defaults, later fields leave fingerprints as they were
         if fields[name] == default:
             del fields[name]
-    content = {"spec": fields, "config": asdict(config), "model": model_fingerprint(model_dir)}
+    settings = asdict(config)
+    del settings["device"]  # where a run computed is not what it is: a grid begun on CPUs is finished on GPUs
+    content = {"spec": fields, "config": settings, "model": model_fingerprint(model_dir)}
     if data is not None:
         content["data"] = data
     payload = json.dumps(content, sort_keys=True)
@@ -228,78 +226,30 @@ def write_json_atomic(path: Path, payload: Any, allow_nan: bool = True) -> None:
     write_atomic(path, text)
 
 
-def _finished(path: Path, fingerprint: str) -> RunRecord | None:
+def read_finished(path: Path, fingerprint: str) -> RunRecord | None:
+    """The record at `path` when it is a run record with this fingerprint (a finished run); None otherwise — absent,
+    damaged or not ours (run again, written anew under that name), or another configuration's."""
     if not path.exists():
         return None
     try:
         record = RunRecord.from_json(path)
-    except RunRecordError:  # damaged or not ours: run again (written anew under that name)
+    except RunRecordError:
         return None
     return record if record.fingerprint == fingerprint else None
 
 
-def run_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData], output_dir: Path,
-             protocol: ProtocolConfig, progress: bool = True) -> list[RunRecord]:
-    """Every (model, task, lr, seed) run; finished runs (same fingerprint) are read back instead of re-run."""
+def check_models(model_dirs: dict[str, Path]) -> None:
+    """Each model folder checked before any run: a plain label, a config.json, weights that are tensors only, a
+    tokenizer that loads (a hostile tokenizer.json: one line now, not a hang or a panic later)."""
     for label, directory in model_dirs.items():
         check_path_component(label, "model label")
         if not (Path(directory) / "config.json").exists():
             raise FileNotFoundError(f"model {label!r}: {directory} is not a Hugging Face model directory (no config.json)")
         check_pickled_weights(Path(directory))
-        probe_tokenizer(Path(directory))  # a hostile tokenizer.json: one line now, not a hang or a panic later
-    loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
-    plan = [(label, Path(directory), data, lr, seed) for label, directory in model_dirs.items() for data in loaded
-            for lr in protocol.learning_rates for seed in protocol.seeds]
-    records, warned = [], set()
-    bar = progress_bar(plan, "evaluation runs", enabled=progress)  # a bar on a terminal, lines in a log file
-    for label, directory, data, lr, seed in bar:
-        bar.set_postfix_str(f"{label}/{data.spec.name} lr={lr:g} seed={seed}")
-        config = protocol.finetune_config(lr, seed, data.spec.family, data.spec.name)
-        fingerprint = run_fingerprint(directory, data.spec, config, data_identity(data))
-        path = run_path(output_dir, label, data.spec.name, lr, seed)
-        record = _finished(path, fingerprint)
-        extra_paths = {name: run_path(output_dir, label, name, lr, seed) for name in data.extra_tests}
-        if record is not None and not all(_finished(p, fingerprint) for p in extra_paths.values()):
-            record = None
-        if record is None:
-            started = time.perf_counter()
-            outcome = finetune_and_score(directory, data, config)
-            record = RunRecord(model=label, task=data.spec.name, family=data.spec.family,
-                               main_metric=data.spec.main_metric, learning_rate=lr, seed=seed,
-                               validation=outcome.metrics["validation"], test=outcome.metrics["test"],
-                               diverged=outcome.log.diverged, steps=outcome.log.steps,
-                               train_loss_first=outcome.log.first_loss, train_loss_last=outcome.log.last_loss,
-                               fingerprint=fingerprint, model_dir=str(directory),
-                               seconds=round(time.perf_counter() - started, 3),
-                               extra={"notes": data.notes, "data": data.provenance, **_rules_of(data.spec)})
-            for name, extra_path in extra_paths.items():
-                # trained once, tested on another set: its own task, its LR chosen on its own validation split when
-                # it has one (EncodEval's NQ and MLDR), else on the training task's
-                extra_set = data.extra_tests[name]
-                notes = [SEEDED_HALVES_NOTE.format(seed=seed)] if extra_set.seeded_halves else []
-                write_json_atomic(extra_path, asdict(replace(
-                    record, task=name, test=outcome.metrics[f"test:{name}"],
-                    validation=outcome.metrics.get(f"validation:{name}", record.validation),
-                    extra={"notes": notes, "data": extra_set.provenance, "trained_on": data.spec.name,
-                           **_rules_of(data.spec)})))
-            write_json_atomic(path, asdict(record))
-        records.append(record)
-        records += [_finished(p, fingerprint) for p in extra_paths.values()]
-        if record.steps < FEW_STEPS and (label, data.spec.name) not in warned:
-            warned.add((label, data.spec.name))
-            bar.write(f"warning: {label}/{data.spec.name}: {record.steps} optimizer steps per run (budget "
-                      f"{_budget_text(config)}): a score from so few updates says little about the model; give it "
-                      f"more with --max-epochs, --batch-size or --max-steps", file=sys.stderr)
-    return records
+        probe_tokenizer(Path(directory))
 
 
-def _rules_of(spec: TaskSpec) -> dict[str, str]:
-    """What a run record says of its rules: `{"rules": "encodeval"}` for runs under EncodEval's (the paper suite's:
-    only those are compared with the paper's released scores, paper_report.py); nothing for standard runs."""
-    return {"rules": spec.rules} if spec.rules != "standard" else {}
-
-
-def _budget_text(config: FinetuneConfig) -> str:
+def budget_text(config: FinetuneConfig) -> str:
     parts = [f"max {config.max_steps} steps" if config.max_steps else "",
              f"{config.max_epochs} epoch(s)" if config.max_epochs else "", f"batch {config.batch_size}",
              f"at least {config.min_steps} steps" if config.min_steps else ""]

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mlmclm.eval.finetune.device import on_device
 from mlmclm.eval.finetune.encodeval_qa import run_encodeval_qa
 from mlmclm.eval.finetune.heads import SpanQAModel
 from mlmclm.eval.finetune.metrics import squad_scores
@@ -103,8 +104,8 @@ def run_span_qa(model_dir: Path, data: TaskData, config: FinetuneConfig,
         starts, ends = [], []
         with torch.no_grad():
             for chunk in batched(eval_features, config.eval_batch_size):
-                batch = collate(chunk)
-                start, end = model(batch["input_ids"], batch["attention_mask"])
+                batch = on_device(collate(chunk), config.device)
+                start, end = (logits.float().cpu() for logits in model(batch["input_ids"], batch["attention_mask"]))
                 for i, f in enumerate(chunk):
                     starts.append(start[i, : len(f["input_ids"])].float().numpy())
                     ends.append(end[i, : len(f["input_ids"])].float().numpy())

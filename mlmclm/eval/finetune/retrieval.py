@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from mlmclm.eval.finetune.data_order import SENTENCE_TRANSFORMERS
+from mlmclm.eval.finetune.device import on_device
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalRetrievalEncoder
 from mlmclm.eval.finetune.encodeval_inputs import (encodeval_tokenizer, retrieval_eval_inputs, retrieval_lengths,
                                                    text_inputs)
@@ -44,12 +45,13 @@ def contrastive_loss(queries: torch.Tensor, passages: torch.Tensor, normalise: b
     return info_nce_loss(queries, passages, TEMPERATURE)
 
 
-def _embed(model, tokenizer, texts, max_length, batch_size, encodeval=False):
+def _embed(model, tokenizer, texts, max_length, batch_size, encodeval=False, device="cpu"):
     out = []
     with torch.no_grad():
         for chunk in batched(texts, batch_size):
             enc = (retrieval_eval_inputs(tokenizer, list(chunk), max_length) if encodeval else
                    tokenizer(list(chunk), truncation=True, max_length=max_length, padding=True, return_tensors="pt"))
+            enc = on_device({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, device)
             out.append(model(enc["input_ids"], enc["attention_mask"]))
     vectors = torch.cat(out).float()  # ranked in fp32 whatever the fine-tuning precision, as sentence-transformers does
     # EncodEval's pooled vectors are not normalised by the model: its cosine similarity normalises them in fp32
@@ -131,16 +133,17 @@ def run_retrieval(model_dir: Path, data: TaskData, config: FinetuneConfig,
     eval_batch_size = ENCODEVAL_EVAL_BATCH_SIZE if encodeval else config.eval_batch_size
 
     def score(rows, ids, texts, relevant):
-        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], eval_length, eval_batch_size, encodeval)
+        doc_vectors = _embed(model, tokenizer, [document + p for p in texts], eval_length, eval_batch_size, encodeval,
+                             config.device)
         query_vectors = _embed(model, tokenizer, [query + r["query"] for r in rows], eval_length, eval_batch_size,
-                               encodeval)
+                               encodeval, config.device)
         similarities = query_vectors @ doc_vectors.T
         top = similarities.topk(min(10, len(ids)), dim=-1).indices.tolist()
         rankings = [[ids[i] for i in ranked] for ranked in top]
         scores = {"ndcg@10": ndcg_at_k(rankings, relevant, k=10), "queries": len(rows), "corpus": len(ids)}
         if encodeval:
             column = {doc: i for i, doc in enumerate(ids)}
-            scores["encodeval_ndcg@10"] = retrieval_score(similarities.numpy(),
+            scores["encodeval_ndcg@10"] = retrieval_score(similarities.cpu().numpy(),
                                                           [{column[doc] for doc in wanted} for wanted in relevant])
         return scores
 

@@ -51,25 +51,33 @@ def _train_rows(task: str, manifest: dict | None) -> int | None:
     return sum(f["rows"] for name, f in files.items() if fnmatch.fnmatchcase(name, pattern)) or None
 
 
+def task_budget(protocol: ProtocolConfig, name: str, manifest: dict | None = None) -> tuple[str, int | None, int]:
+    """(the budget in words, optimizer steps per run or None when an epoch budget meets unknown rows, models
+    fine-tuned per run) of one paper task."""
+    spec = paper_task(name)
+    config = protocol.finetune_config(protocol.learning_rates[0], 0, spec.family, name)
+    if config.max_steps is not None and config.max_epochs is None:
+        budget, steps = f"{config.max_steps} steps", config.max_steps
+    else:
+        rows = _train_rows(name, manifest)
+        if rows is not None and spec.split_protocol == "paper":
+            rows -= math.ceil(0.05 * rows)
+        batches = None if rows is None else config.max_epochs * math.ceil(rows / config.batch_size)
+        steps = batches if config.max_steps is None or batches is None else min(batches, config.max_steps)
+        budget = f"{config.max_epochs} epoch(s)" + (f" = {steps} steps" if steps is not None else
+                                                   " (steps known once fetched: --data-root)")
+    models = 2 if spec.family == "qa" and spec.rules == "encodeval" else 1  # the tagger and the span model
+    if models > 1:
+        budget += f", x {models} models (EncodEval's tagger, and the span model of the standard score)"
+    return budget, steps, models
+
+
 def describe_suite(protocol: ProtocolConfig, tasks: list[str] | None = None, manifest: dict | None = None) -> str:
     names = tasks or list(PAPER_TASKS)
     lines, known_steps, unknown = [], 0, []
     for name in names:
         spec = paper_task(name)
-        config = protocol.finetune_config(protocol.learning_rates[0], 0, spec.family, name)
-        if config.max_steps is not None and config.max_epochs is None:
-            budget, steps = f"{config.max_steps} steps", config.max_steps
-        else:
-            rows = _train_rows(name, manifest)
-            if rows is not None and spec.split_protocol == "paper":
-                rows -= math.ceil(0.05 * rows)
-            batches = None if rows is None else config.max_epochs * math.ceil(rows / config.batch_size)
-            steps = batches if config.max_steps is None or batches is None else min(batches, config.max_steps)
-            budget = f"{config.max_epochs} epoch(s)" + (f" = {steps} steps" if steps is not None else
-                                                       " (steps known once fetched: --data-root)")
-        models = 2 if spec.family == "qa" and spec.rules == "encodeval" else 1  # the tagger and the span model
-        if models > 1:
-            budget += f", x {models} models (EncodEval's tagger, and the span model of the standard score)"
+        budget, steps, models = task_budget(protocol, name, manifest)
         if steps is None:
             unknown.append(name)
         else:

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForTokenClassification
 
+from mlmclm.eval.finetune.loading import load_options
+from mlmclm.eval.finetune.device import on_device
 from mlmclm.eval.finetune.encodeval_heads import EncodEvalTokenClassifier
 from mlmclm.eval.finetune.encodeval_inputs import encodeval_tokenizer, text_inputs
 from mlmclm.eval.finetune.encodeval_tc import encodeval_token_words, encodeval_vote
@@ -105,7 +107,7 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
     else:
         model = AutoModelForTokenClassification.from_pretrained(
             model_dir, num_labels=len(data.labels), id2label=dict(enumerate(data.labels)), label2id=tag_ids,
-            trust_remote_code=False)
+            trust_remote_code=False, **load_options())
     model = in_precision(model, config)
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "labels": IGNORE}
     max_length = max_length_of(data.spec, model_dir)
@@ -127,7 +129,7 @@ def run_token_classification(model_dir: Path, data: TaskData, config: FinetuneCo
         with torch.no_grad():
             features = encode_words(tokenizer, rows, None, max_length, data.spec.token_labels, encodeval)
             for start, chunk in zip(range(0, len(features), eval_batch_size), batched(features, eval_batch_size)):
-                predicted = forward(**collate(chunk)).logits.argmax(-1).tolist()
+                predicted = forward(**on_device(collate(chunk), config.device)).logits.argmax(-1).tolist()
                 for offset, (feature, ids) in enumerate(zip(chunk, predicted)):
                     predicted_tags.append(word_predictions(feature, ids, data.labels, encodeval))
                     gold, kept = scored_words(feature, ids, rows[start + offset]["tags"], data.labels, encodeval)

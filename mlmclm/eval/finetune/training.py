@@ -1,7 +1,9 @@
 """The fine-tuning loop shared by all families, as transformers' Trainer runs EncodEval's configs: AdamW
 (torch's, not fused: the Trainer's `adamw_torch`), linear warmup then linear decay, step/epoch budget, the
 libraries' data order (data_order.py), micro-batches whose token-mean losses are averaged (gradient accumulation),
-bf16 under autocast with fp32 losses (precision.py), and a run that goes non-finite kept stepping to its end."""
+bf16 under autocast with fp32 losses (precision.py), and a run that goes non-finite scored as if it had stepped to its
+end. On the run's device (device.py), with its batches collated ahead by a host thread (prefetch.py) and no host
+read inside a step: the losses stay on the device, read every DIVERGENCE_CHECK_STEPS steps and at the end."""
 from __future__ import annotations
 
 import math
@@ -20,7 +22,9 @@ from transformers.utils import logging as hf_logging
 
 from mlmclm.eval.finetune import precision
 from mlmclm.eval.finetune.data_order import ORDERS, TRAINER, step_rows
+from mlmclm.eval.finetune.device import check_device, on_device
 from mlmclm.eval.finetune.precision import DTYPES, TrainerForward
+from mlmclm.eval.finetune.prefetch import StepPrefetch
 
 # A run counts as diverged when its loss goes non-finite or ends this many times above where it started.
 DIVERGENCE_FACTOR = 1.5
@@ -28,6 +32,9 @@ DIVERGENCE_FACTOR = 1.5
 # evaluation configs (configs/IR/<set>_msmarco_pairs_*.yaml). Padding is per batch, so the batch is part of the
 # numbers in bf16 (and of QA's score, encodeval_qa.py).
 ENCODEVAL_EVAL_BATCH_SIZE = 4
+# How often the loop reads its losses back from the device (one host read) to see whether the run can stop early:
+# it stops only once every trained weight is NaN, when every later step provably changes nothing (`train`).
+DIVERGENCE_CHECK_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class FinetuneConfig:
     # A floor under the epoch cap (never above max_steps): a small training set is repeated for more epochs rather
     # than giving a run a handful of updates. None in the paper suite (EncodEval's budgets as they are).
     min_steps: int | None = None
+    # Where the run computes ("cpu", "cuda"; device.py). Not part of what the run is: left out of its fingerprint.
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if not self.learning_rate > 0:
@@ -73,6 +82,7 @@ class FinetuneConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        check_device(self.device)
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size "
                              f"({self.micro_batch_size}): a step is a whole number of micro-batches")
@@ -83,6 +93,7 @@ class TrainLog:
     steps: int
     losses: list[float] = field(default_factory=list)
     diverged: bool = False
+    stopped_at: int | None = None  # the step after which every weight was NaN (the later steps were not run)
 
     @property
     def first_loss(self) -> float:
@@ -160,8 +171,9 @@ def max_length_of(spec: Any, model_dir: Path) -> int:
 
 
 def in_precision(model: torch.nn.Module, config: FinetuneConfig) -> torch.nn.Module:
-    """The model, heads included, in the run's fine-tuning precision (cast before the optimizer sees it)."""
-    return precision.in_precision(model, config.dtype)
+    """The model, heads included, in the run's fine-tuning precision and on its device (before the optimizer sees
+    it)."""
+    return precision.in_precision(model, config.dtype).to(config.device)
 
 
 def trainer_forward(model: torch.nn.Module, config: FinetuneConfig) -> TrainerForward:
@@ -187,22 +199,43 @@ def accumulate_step(forward: Callable, rows: Sequence[Any], collate: Callable[[l
     on its own, as the Trainer's collator pads each), every micro-batch's loss divided by their number before its
     backward (Trainer.training_step: `loss / current_gradient_accumulation_steps`, the count of this step's
     micro-batches). Returns the step's loss, the mean of the micro-batch losses, detached, on the device."""
-    chunks = list(batched(rows, micro_batch_size or len(rows)))
+    return step_loss(forward, micro_batches(rows, collate, micro_batch_size), loss_of_batch)
+
+
+def micro_batches(rows: Sequence[Any], collate: Callable[[list], Any], micro_batch_size: int | None) -> list:
+    """One step's rows collated `micro_batch_size` at a time (each padded on its own)."""
+    return [collate(list(chunk)) for chunk in batched(rows, micro_batch_size or len(rows))]
+
+
+def step_loss(forward: Callable, batches: Sequence[Any], loss_of_batch: Callable[[Callable, Any], torch.Tensor]
+              ) -> torch.Tensor:
+    """Forward and backward one step's collated micro-batches (accumulate_step), without reading anything back."""
     total = None
-    for chunk in chunks:
-        loss = loss_of_batch(forward, collate(list(chunk))) / len(chunks)
+    for batch in batches:
+        loss = loss_of_batch(forward, batch) / len(batches)
         loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
     return total
+
+
+def all_weights_nan(model: torch.nn.Module) -> bool:
+    """Whether every trained weight is NaN (one host read). From there every forward is NaN, so every loss and
+    gradient is, and AdamW turns NaN weights into NaN weights: the model the run ends with is this one."""
+    weights = [p for p in model.parameters() if p.requires_grad]
+    return bool(torch.stack([p.isnan().all() for p in weights]).all())
 
 
 def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[list], Any],
           loss_of_batch: Callable[[Callable, Any], torch.Tensor], config: FinetuneConfig,
           description: str = "fine-tune", order: str = TRAINER) -> TrainLog:
     """Run the step budget. `loss_of_batch(forward, batch)` gets the model as the Trainer calls it in the run's
-    precision (`trainer_forward`). A loss that goes non-finite does not stop the run: the Trainer keeps stepping
-    (the NaN reaches the weights through the clipped gradients) and EncodEval scores what it has at the end, so
-    this loop does too, and flags the run diverged. The step losses stay on the device until the end."""
+    precision (`trainer_forward`) and the micro-batch on the run's device. A loss that goes non-finite does not
+    stop the run by itself: the Trainer keeps stepping and EncodEval scores what it has at the end, so this loop
+    scores that model too, and flags the run diverged. Every DIVERGENCE_CHECK_STEPS steps it reads the losses back
+    (the only host read of the loop); once one was non-finite it also asks whether every trained weight is NaN —
+    a NaN loss makes the clipped gradients NaN everywhere, and AdamW then writes NaN into every weight — and if so
+    stops: the later steps could change no weight, no loss (NaN) and no score (`all_weights_nan`), and the log
+    records their losses as the NaN they would be (`stopped_at` says where it stopped)."""
     if not features:
         raise ValueError(f"{description}: no training examples")
     if order not in ORDERS:
@@ -211,19 +244,31 @@ def train(model: torch.nn.Module, features: Sequence[Any], collate: Callable[[li
     optimizer = make_optimizer(model, config)
     scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps(steps, config), steps)
     forward = trainer_forward(model, config)
-    batches = step_rows(len(features), config.batch_size, config.seed, order)
+    batches = step_rows(len(features), config.batch_size, config.seed, order)  # the order, fixed before the thread
+
+    def make_step(_: int) -> list:  # on the prefetch thread: this step's micro-batches, collated on the host
+        return micro_batches([features[i] for i in next(batches)], collate, config.micro_batch_size)
+
     model.train()
-    losses = []
-    # a bar only on a terminal: in a log file every refresh would be one more line
-    for _ in tqdm(range(steps), desc=description, leave=False, dynamic_ncols=True, disable=not sys.stderr.isatty()):
-        rows = [features[i] for i in next(batches)]
-        losses.append(accumulate_step(forward, rows, collate, loss_of_batch, config.micro_batch_size))
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+    losses, checked, non_finite, stopped_at = [], 0, False, None
+    with StepPrefetch(make_step, steps, pin=torch.device(config.device).type == "cuda") as prefetch:
+        # a bar only on a terminal: in a log file every refresh would be one more line
+        for step, host_batches in enumerate(tqdm(prefetch, total=steps, desc=description, leave=False,
+                                                 dynamic_ncols=True, disable=not sys.stderr.isatty())):
+            losses.append(step_loss(forward, on_device(host_batches, config.device), loss_of_batch))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % DIVERGENCE_CHECK_STEPS == 0 and step + 1 < steps:
+                non_finite = non_finite or not bool(torch.stack(losses[checked:]).isfinite().all())
+                checked = step + 1
+                if non_finite and all_weights_nan(model):
+                    stopped_at = step + 1
+                    break
     model.eval()
-    log = TrainLog(steps=steps, losses=torch.stack(losses).float().tolist())
+    values = torch.stack(losses).float().tolist() + [math.nan] * (steps - len(losses))
+    log = TrainLog(steps=steps, losses=values, stopped_at=stopped_at)
     log.diverged = (not all(math.isfinite(v) for v in log.losses)
                     or log.last_loss > DIVERGENCE_FACTOR * log.first_loss)
     return log

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from mlmclm.bounded_read import read_regular_json
-from mlmclm.eval.finetune.protocol import ProtocolConfig, run_grid, write_json_atomic
+from mlmclm.eval.finetune.protocol import ProtocolConfig, write_json_atomic
 from mlmclm.eval.finetune.task_loading import load_task
 from mlmclm.eval.finetune.task_spec import TaskData, TaskSpec
+from mlmclm.eval.grid.run import run_grid
 from mlmclm.eval.reports.summary import family_results, task_results
 
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
