@@ -112,7 +112,8 @@ def eval_executor(job: EvalJob, kind: str, options: dict | None = None):
     raise ValueError(f"unknown executor {kind!r}; choose one of {EXECUTORS}")
 
 
-REFUSAL_LINE = re.compile(r"^(?:[\w.]+: )?error: .*$", re.M)  # how evaluate.py, convert_to_hf and paper_report refuse
+# how evaluate.py, paper_report and convert_to_hf (a bare `error: `) refuse; not srun's `srun: error: ...` lines
+REFUSAL_LINE = re.compile(r"^(?:evaluate: |paper_report: )?error: .*$", re.M)
 
 
 def refusal_in(texts: list[str]) -> str | None:
@@ -142,7 +143,7 @@ def launch_eval(job: EvalJob, kind: str, options: dict | None = None, title: str
         if dryrun:
             exp.dryrun(log=False, delete_exp_dir=False)
         else:
-            exp.run(detach=detach or slurm, tail_logs=False)
+            exp.run(detach=detach or slurm, tail_logs=not (slurm or detach))
     if dryrun:
         if slurm:
             print(f"=== a job array of {job.array_tasks} task(s) × {job.gpus_per_task} GPU(s), one output folder "
