@@ -192,15 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         launch.check_experiment_names(title, [], what="--name")
         job, options = build_job(args)
         exp = launch_eval(job, args.executor, options, title=title, dryrun=args.dryrun, detach=args.detach)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, launch.TaskFailedError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    except launch.TaskRefusedError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except launch.TaskFailedError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        failed = isinstance(err, launch.TaskFailedError) and not isinstance(err, launch.TaskRefusedError)
+        return 1 if failed else 2  # bad input, or the command's own refusal: 2
     print(f"experiment directory: {exp._exp_dir}")
     if not (args.dryrun or args.detach):
         print(f"summary: {Path(job.output) / 'summary.md'}")

@@ -92,12 +92,20 @@ def main(argv: list[str] | None = None) -> int:
                                 checkpoint_dir=checkpoint_dir, mfu=args.mfu)
         planned = select(everything, args.only)
         print(plan_table(planned, args.mfu, DEFAULT_PEAK))
+        chain = eval_chain(args) if args.with_eval else None
         if args.plan:
+            if chain is not None:  # what the chain adds, each evaluation's command (its price: grid --list)
+                stages = chain_stages(planned, {p.entry.name for p in planned if not p.finished}, chain,
+                                      checkpoint_dir, local=args.executor == "local")
+                print(f"then, with --with-eval:\n{describe_stages(stages)}")
+                if evals := [s for s in stages if s.kind == "eval"]:
+                    print(f"each evaluation: a job array of {chain.array_tasks} × {chain.gpus_per_task} GPU(s) "
+                          f"running `tools/evaluate.py {' '.join(evals[0].eval_job.grid_argv())}` (its cost: "
+                          f"`tools/evaluate.py grid --suite paper --list`)")
             return 0
         runs = to_launch(planned, everything)
         for finished in (p for p in planned if p.finished):  # skipped only if a resume would accept this config
             check_finished_run_unchanged(finished.partial, finished.host_dir)
-        chain = eval_chain(args) if args.with_eval else None
         stages = [] if chain is None else chain_stages(planned, {p.entry.name for p in runs}, chain,
                                                        checkpoint_dir, local=args.executor == "local")
         if not runs and not stages:

@@ -11,7 +11,6 @@ unless a stage before it runs; so a second invocation of a finished sweep starts
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +18,10 @@ from pathlib import Path
 import nemo_run as run
 
 from mlmclm.atomic_write import write_atomic
+from mlmclm.train.checkpoint import LATEST_FILE
 from recipes.eval_job import REPO, EvalJob, EvalSuite, eval_task, job_checkout, local_eval_executor, \
     slurm_eval_executor, slurm_script_executor
+from recipes.interrupt import launches_skipped
 from recipes.sweep_plan import PlannedRun, host_run_dir
 
 EXPORT_DONE, EVAL_DONE, REPORT_DONE = "config.json", "summary.json", "report.md"
@@ -91,7 +92,8 @@ def chain_stages(planned: list[PlannedRun], launching: set[str], chain: EvalChai
         exported = _host_file(host(export), EXPORT_DONE)
         summary = _host_file(host(output), EVAL_DONE)
         summaries.append(summary)
-        export_now = trained or not _newer(exported)
+        latest = _host_file(host(run_dir), f"checkpoints/{LATEST_FILE}")  # rewritten by every checkpoint it saves
+        export_now = trained or not _newer(exported, latest)
         if export_now:
             stages.append(Stage(f"export-{name}", "export", [name] if trained else [], export, run_dir=run_dir))
         job = EvalJob(((name, export),), output, chain.suite, chain.array_tasks, chain.gpus_per_task, chain.device)
@@ -134,11 +136,13 @@ def stage_task(stage: Stage, checkout: str) -> run.Script:
     if stage.kind == "eval":
         return eval_task(stage.eval_job, checkout)
     if stage.kind == "export":
-        # an export published by an earlier attempt (convert_to_hf writes the folder only when all of it verified)
-        # is kept: convert_to_hf refuses an existing output, and a requeued or repeated sweep must not fail on it
-        return run.Script(inline=f"if [ -f {stage.output}/{EXPORT_DONE} ]; then echo '{stage.output}: already "
-                                 f"exported'; exit 0; fi\n"
-                                 f"exec python {tools}/convert_to_hf.py {stage.run_dir} {stage.output} --verify\n")
+        # an export published after the run's last checkpoint (convert_to_hf writes the folder only when all of it
+        # verified) is kept: a requeued or repeated sweep does not export again; an older one is replaced
+        done, latest = f"{stage.output}/{EXPORT_DONE}", f"{stage.run_dir}/checkpoints/{LATEST_FILE}"
+        return run.Script(inline=f"if [ {done} -nt {latest} ]; then echo '{stage.output}: exported after the "
+                                 f"last checkpoint, kept'; exit 0; fi\n"
+                                 f"exec python {tools}/convert_to_hf.py {stage.run_dir} {stage.output} --verify "
+                                 f"--force\n")
     return run.Script(path=f"{tools}/paper_report.py", args=[*stage.inputs, "--out", stage.output, "--force"],
                       entrypoint="python")
 
@@ -165,30 +169,20 @@ def stage_executor(stage: Stage, kind: str, options: dict | None):
     return executor, stage_task(stage, job_checkout(executor))
 
 
-@contextlib.contextmanager
 def none_after_a_failure(stage_names: set[str]):
     """Locally, NeMo-Run starts the next task of a sequence whatever became of the one before; a stage of the chain
     is not started after a task that did not succeed (or was not started): an export of a failed run, an evaluation
     of a missing export, would only fail again."""
-    from nemo_run.run.job import Job
     from torchx.specs.api import AppState
 
-    original = Job.launch
-    seen: list = []
+    seen: list = []  # the jobs asked to launch so far, in order (locally each one has ended before the next)
 
-    def launch(job, *args, **kwargs):
-        if not kwargs.get("dryrun"):
-            if job.id in stage_names and any(not j.launched or j.state != AppState.SUCCEEDED for j in seen):
-                seen.append(job)
-                return None
-            seen.append(job)
-        return original(job, *args, **kwargs)
+    def after_a_failure(job) -> bool:
+        failed = any(not j.launched or j.state != AppState.SUCCEEDED for j in seen)
+        seen.append(job)
+        return job.id in stage_names and failed
 
-    Job.launch = launch
-    try:
-        yield
-    finally:
-        Job.launch = original
+    return launches_skipped(after_a_failure)
 
 
 def describe(stages: list[Stage]) -> str:
