@@ -22,6 +22,7 @@ BASE_IMAGE = "nvcr.io/nvidia/pytorch:26.06-py3"
 BARE_NGC_PREFIX = "nvcr.io/nvidia/pytorch:"
 CPUS_PER_GPU = 8  # default CPU cores per GPU rank for the node's torchrun task (data loading, host-side work)
 DATA_MOUNT_TARGET, CHECKPOINT_MOUNT_TARGET = "/data", "/checkpoints"  # the paper recipes' default paths
+IMAGE_CHECKOUT = "/opt/mlmclm"  # cluster/Dockerfile's WORKDIR: tools/ (evaluate.py, convert_to_hf.py) in the image
 
 # name -> (environment variable, default, help)
 SETTINGS: dict[str, tuple[str, str | None, str]] = {
@@ -220,7 +221,8 @@ def requeue_policy(max_requeues: int) -> str:
     ranks refused their input (exit 2: an incompatible resume, a bad config, bad data — mlmclm.train.refusals, passed
     on by mlmclm.parallel.torchrun) never is, since it would be refused again; any other failure only while the job
     has been restarted fewer than `max_requeues` times (a crash or node failure resumes from the last periodic
-    checkpoint)."""
+    checkpoint). The evaluation's grid command (recipes/eval_job.py) keeps the same codes: 75 after a stop that
+    gave its units back, 2 for a refusal."""
     return f"""# mlmclm requeue policy (cluster/executors.py requeue_policy)
 export TORCHX_MAX_RETRIES=1000000 MLMCLM_MAX_REQUEUES={max_requeues}
 scontrol() {{
@@ -230,7 +232,7 @@ scontrol() {{
             echo "mlmclm: preempted after saving (exit 75): requeued, the run resumes from its checkpoint"
         elif [ "$exitcode" = 2 ]; then
             echo "mlmclm: refused its input (exit 2): not requeued, it would be refused again (the reason is" \\
-                "above and in the run's run_status.json)" >&2
+                "in the task's log; a training run's also in its run_status.json)" >&2
             return 0
         elif [ "$restarts" -lt "$MLMCLM_MAX_REQUEUES" ]; then
             echo "mlmclm: failed (exit $exitcode): requeued (restart $((restarts + 1)) of $MLMCLM_MAX_REQUEUES)"

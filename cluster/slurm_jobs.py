@@ -25,13 +25,19 @@ class JobState:
     restarts: int = 0
     exit_code: str = ""
     nodes: str = ""
+    array_task: str = ""  # an array task's index (or a range of still-pending ones); "" for a plain job
+    tasks: tuple[JobState, ...] = ()  # an array job's tasks, each with its own job id; () for a plain job
 
     @property
     def final(self) -> bool:
+        if self.tasks:
+            return all(task.final for task in self.tasks)
         return self.state in FINAL or self.state == "UNKNOWN" or (self.state == "PENDING"
                                                                   and self.reason in NEVER_RUNS)
 
     def describe(self) -> str:
+        if self.tasks:  # each task's own line: one requeued task is told apart from the others
+            return f"{self.state}: " + "; ".join(f"task {t.array_task} {t.describe()}" for t in self.tasks)
         text = self.state
         if self.state == "PENDING" and self.reason not in ("", "None"):
             text += f" ({self.reason})"
@@ -48,12 +54,34 @@ def _fields(line: str) -> dict[str, str]:
     return dict(token.split("=", 1) for token in line.split() if "=" in token)
 
 
+def _state_of(f: dict[str, str]) -> JobState:
+    return JobState(f.get("JobId", ""), f.get("JobState", "UNKNOWN"), f.get("Reason", ""),
+                    int(f.get("Restarts", "0") or 0), f.get("ExitCode", ""),
+                    "" if f.get("NodeList") == "(null)" else f.get("NodeList", ""), f.get("ArrayTaskId", ""))
+
+
+def _array_state(job_id: str, tasks: list[JobState]) -> JobState:
+    """An array job as one state: PENDING/RUNNING while any task is, else COMPLETED when every task completed,
+    else the first task's state that is not; its restarts are the tasks' together."""
+    tasks = sorted(tasks, key=lambda t: int(t.array_task.split("-")[0].split(",")[0] or 0))
+    states = [t.state for t in tasks]
+    if not all(t.final for t in tasks):
+        state = "RUNNING" if "RUNNING" in states else next(s for s, t in zip(states, tasks) if not t.final)
+    else:
+        state = next((s for s in states if s != "COMPLETED"), "COMPLETED")
+    return JobState(job_id, state, restarts=sum(t.restarts for t in tasks), tasks=tuple(tasks))
+
+
 def job_state(job_id: str) -> JobState:
+    """A job's state; for a job array (`job_id` its ArrayJobId) its tasks' together, each in `tasks`."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
     if out.returncode == 0 and out.stdout.strip():
-        f = _fields(out.stdout.splitlines()[0])
-        return JobState(job_id, f.get("JobState", "UNKNOWN"), f.get("Reason", ""), int(f.get("Restarts", "0") or 0),
-                        f.get("ExitCode", ""), "" if f.get("NodeList") == "(null)" else f.get("NodeList", ""))
+        lines = [_fields(line) for line in out.stdout.splitlines() if line.strip()]
+        if lines[0].get("ArrayTaskId") and lines[0].get("ArrayJobId") == job_id:
+            return _array_state(job_id, [_state_of(f) for f in lines])
+        state = _state_of(lines[0])
+        state.job_id = job_id
+        return state
     acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,ExitCode"], capture_output=True,
                           text=True)
     if acct.returncode == 0 and acct.stdout.strip():
@@ -90,11 +118,13 @@ def wait_for_jobs(jobs: dict[str, str], poll_s: float = 2.0, timeout_s: float | 
         time.sleep(poll_s)
 
 
-def job_logs(folder: Path, job_id: str) -> list[Path]:
-    """The task's own logs of a job (one per start: `log-<name>_<id>_<restart>.out`), then the batch script's."""
+def job_logs(folder: Path, job_id: str, array: tuple[str, str] | None = None) -> list[Path]:
+    """The task's own logs of a job (one per start: `log-<name>_<id>_<restart>.out`), then the batch script's.
+    An array task: `job_id` is its own job id, `array` its (ArrayJobId, index), which name its batch log."""
     folder = Path(folder)
     starts = sorted(folder.rglob(f"log-*_{job_id}_*.out"), key=lambda p: int(p.stem.rsplit("_", 1)[-1]))
-    return starts + sorted(folder.rglob(f"sbatch_*_{job_id}.out"))
+    batch = f"sbatch_*_{array[0]}_{array[1]}.out" if array else f"sbatch_*_{job_id}.out"
+    return starts + sorted(folder.rglob(batch))
 
 
 _PREFIX = re.compile(r"^\[default\d+\]:(\[rank\d+\]:)?", re.M)  # torchrun's per-rank line prefixes
@@ -103,8 +133,16 @@ _ERROR = re.compile(r"Traceback|Error|error:|not requeued")
 
 def error_lines(folder: Path, job_id: str, lines: int = 12) -> list[str]:
     """Where the user looks: the last start's task log around its error (its path first), and the batch script's
-    verdict on requeueing."""
-    logs = job_logs(folder, job_id)
+    verdict on requeueing; for a job array, those of each task that did not complete."""
+    state = job_state(job_id)
+    if state.tasks:
+        return [line for task in state.tasks if task.state != "COMPLETED"
+                for line in [f"task {task.array_task} (job {task.job_id}): {task.describe()}"]
+                + _error_lines(job_logs(folder, task.job_id, (job_id, task.array_task)), task.job_id, lines)]
+    return _error_lines(job_logs(folder, job_id), job_id, lines)
+
+
+def _error_lines(logs: list[Path], job_id: str, lines: int) -> list[str]:
     out = []
     task_logs = [p for p in logs if p.name.startswith("log-")]
     if task_logs:
@@ -117,4 +155,4 @@ def error_lines(folder: Path, job_id: str, lines: int = 12) -> list[str]:
                     if line.startswith("mlmclm: ")]
         if verdicts:
             out += [f"({batch})"] + verdicts[-3:]
-    return out or [f"(no log of job {job_id} under {folder})"]
+    return out or [f"(no log of job {job_id} found)"]

@@ -9,6 +9,7 @@
     python -m recipes grid paper --plan          # the paper's 38 runs (= python -m recipes.sweep paper --plan)
     python -m recipes grid mini                  # the mini-replication on CPU, end to end (recipes/mini.py)
     python -m recipes detour tiny --root runs/detour  # domain adaptation: the CLM detour and its control
+    python -m recipes eval --model mine=out/mine_hf --smoke --output eval/mine   # fine-tuning grid (Slurm: an array)
 
 Overrides: recipe parameters (`nodes=4`), `executor.KEY=VALUE`, or dotted TrainConfig paths (`optimizer.lr=3e-4`);
 `then.`-prefixed ones go to the `--then` recipe, which starts from the first run's final checkpoint.
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None):
 FAMILIES = (
     ("grid paper|tiny", "the paper's 38 runs, or their CPU twin: plan, then launch every run (recipes/sweep.py)"),
     ("grid mini", "the mini-replication on CPU: grid, exports, evaluation and report (recipes/mini.py)"),
+    ("eval --model L=DIR --output OUT", "the fine-tuning grid over one output folder: locally one command, on "
+                                        "Slurm a job array of K tasks x G GPUs (recipes/eval_run.py)"),
     ("detour eurobert|tiny|report", "domain adaptation of a HF EuroBERT: import, CLM detour then MLM decay, and "
                                     "its MLM-only control, with the held-out table (recipes/detour_run.py)"),
 )
@@ -69,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         from recipes import sweep
 
         return sweep.main(argv[1:])
+    if argv[:1] == ["eval"]:  # `python -m recipes eval --model L=DIR ... --output OUT` (recipes/eval_run.py)
+        from recipes import eval_run
+
+        return eval_run.main(argv[1:])
     if argv[:1] == ["detour"]:  # `python -m recipes detour tiny|eurobert|report ...` (recipes/detour_run.py)
         from recipes import detour_run
 

@@ -70,21 +70,26 @@ def forward_stop(skip: set[int] = frozenset()) -> list[int]:
     return sent
 
 
-@contextlib.contextmanager
 def no_new_tasks(interrupt: LocalInterrupt):
     """After a Ctrl-C, NeMo-Run's local DAG would still start the tasks of the next level (a chain's second task,
-    the sweep's next run) once the stopped one has exited: its Job.launch is skipped instead, so they stay
-    unlaunched (and NeMo-Run waits for nothing)."""
+    the sweep's next run) once the stopped one has exited: they stay unlaunched instead."""
+    return launches_skipped(lambda job: interrupt.requested)
+
+
+@contextlib.contextmanager
+def launches_skipped(skip):
+    """While active, NeMo-Run's Job.launch of a job for which `skip(job)` is true is skipped: the job stays
+    unlaunched (and NeMo-Run waits for nothing). Dry runs are never skipped."""
     from nemo_run.run.job import Job
 
     original = Job.launch
 
-    def launch_unless_interrupted(job, *args, **kwargs):
-        if interrupt.requested and not kwargs.get("dryrun"):
+    def launch_unless_skipped(job, *args, **kwargs):
+        if not kwargs.get("dryrun") and skip(job):
             return None
         return original(job, *args, **kwargs)
 
-    Job.launch = launch_unless_interrupted
+    Job.launch = launch_unless_skipped
     try:
         yield
     finally:

@@ -66,16 +66,19 @@ def dependency_lines(jobs: list[Job]) -> str:
 
 def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: dict | None = None,
                 title: str = "sweep", dryrun: bool = False, detach: bool = False,
-                base_dir: str | None = None) -> run.Experiment:
+                base_dir: str | None = None, stages: list | None = None) -> run.Experiment:
     """One experiment of `launch_jobs(runs)`: on Slurm each job depends (afterok) on the jobs it waits for and
     the others start together; locally the jobs go one after the other in that order (which has every job after
-    those it waits for). `base_dir`: where NeMo-Run keeps the experiment (default: its home)."""
+    those it waits for). `base_dir`: where NeMo-Run keeps the experiment (default: its home). `stages`
+    (recipes.sweep_eval): exports, evaluations and the report, after the training jobs they wait for."""
+    from recipes.sweep_eval import none_after_a_failure, stage_executor
+
     slurm = executor_kind == "slurm"
-    jobs = launch_jobs(runs)
-    launch.check_experiment_names(title, [job.name for job in jobs])
+    jobs, stages = launch_jobs(runs), stages or []
+    launch.check_experiment_names(title, [job.name for job in jobs] + [stage.name for stage in stages])
     # locally, Ctrl-C stops the running job as a preemption does and starts no later one (recipes.interrupt)
     interrupt = None if slurm or dryrun or detach else LocalInterrupt(os.fdopen(os.dup(2), "w"))
-    with launch._interruptible(interrupt), \
+    with launch._interruptible(interrupt), none_after_a_failure({stage.name for stage in stages} if interrupt else set()), \
             run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=True,
                            enable_goodbye_message=False,  # NeMo-Run's ~20 lines of status and hints
                            clean_mode=not (slurm or dryrun or detach)) as exp:  # and, locally, its banners and panel
@@ -84,6 +87,10 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
             depends = [job_ids[name] for name in job.after] if slurm and job.after else None
             job_ids[job.name] = exp.add(job.partial, executor=executor, name=job.name, dependencies=depends)
+        for stage in stages:
+            executor, task = stage_executor(stage, executor_kind, executor_options)
+            depends = [job_ids[name] for name in stage.after] if slurm and stage.after else None
+            job_ids[stage.name] = exp.add(task, executor=executor, name=stage.name, dependencies=depends)
         run_dirs = {job.name: job.partial.config.run_dir for job in jobs}
         stamps_before = {name: launch.status_stamp(run_dir) for name, run_dir in run_dirs.items()}
         if dryrun:
@@ -97,10 +104,15 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     if statuses:
         failed = {name: str(info["status"]) for name, info in statuses.items()
                   if str(info["status"]) != "SUCCEEDED"}
+        trained = [name for name in failed if name in run_dirs]
         if failed and interrupt is not None and interrupt.requested:
-            raise launch.TaskInterruptedError(launch.interrupted_report(list(failed), run_dirs))
-        if refused := launch.refusals(list(failed), run_dirs, stamps_before, None if slurm else exp._exp_dir):
+            raise launch.TaskInterruptedError(launch.interrupted_report(trained, run_dirs))
+        if refused := launch.refusals(trained, run_dirs, stamps_before, None if slurm else exp._exp_dir):
             raise launch.TaskRefusedError(refused)
+        if failed and not trained:  # only stages of the chain: their own lines (recipes.eval_run)
+            from recipes.eval_run import raise_failure
+
+            raise_failure(exp, failed, launch.slurm_jobs(exp) if slurm else None)
         if failed:
             raise launch.TaskFailedError(f"experiment {exp._id}: run(s) did not succeed: {failed}; logs under "
                                          f"{exp._exp_dir}")

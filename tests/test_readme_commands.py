@@ -88,3 +88,12 @@ def test_the_readme_is_a_five_minute_read():
     assert len(readme.encode()) <= 12_000, f"README.md is {len(readme.encode())} bytes; move detail to docs/"
     first_screen = "\n".join(readme.splitlines()[:40])
     assert "make demo" in first_screen and "make test" in first_screen
+
+
+def test_what_runs_where_says_no_wherever_nothing_ran_on_a_gpu():
+    """Issue 53: an empty GPU-verified cell read as "not applicable"; every row says what ran, or "no"."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## What runs where", 1)[1].split("\n\n")[1].splitlines()
+    assert table[0].split("|")[3].strip() == "GPU-verified", table[0]
+    empty = [row.split("|")[1].strip() for row in table[2:] if not row.split("|")[3].strip()]
+    assert not empty, f"rows without a GPU-verified entry (write `no`): {empty}"

@@ -8,6 +8,8 @@ any test looks at them; each test then asserts on its own scenario.
 - failure: a run whose every rank refuses its data at start: not requeued, whatever `max_requeues` allows;
 - sweep: the tiny grid at one rank a job, whose continued-pretraining and branch jobs wait for their parents through
   afterok.
+- eval: the smoke grid of a tiny model, locally and as a Slurm job array of 2 tasks with one requeued mid-way, and
+  a refusal (eval_scenarios.py).
 
 The suite has 2 cores for all of it, so every launch that a test does not need costs every other one time: the
 two-node run is the preempted one (each of its three starts a rendezvous across the nodes), not a fourth job.
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 from cluster.slurm_jobs import job_state
+from eval_scenarios import eval_launches, in_background, joined, requeue_mid_way
 from slurm_helpers import (REPO, SLURM_ARGS, job_fields, recipes_command, submitted_jobs, submitted_line,
                            wait_final, wait_until)
 
@@ -114,9 +117,12 @@ def launch_all(env: dict, shared: Path, data: str) -> dict:
         "sweep": ["grid", "tiny", "--run-root", str(out["grid_root"]), "--data-path", data, "processes=1",
                   *SLURM_ARGS, "executor.cpus_per_task=1"],
     }
+    launches.update(eval_launches(shared, out))
     env = {**env, "PYTHONUNBUFFERED": "1"}  # the preempted launch's console is read while it runs
     started = {name: _start(env, consoles / name, *args) for name, args in launches.items()}
     try:
+        requeue = in_background(requeue_mid_way, consoles / "eval_array.out", out["eval_dirs"]["array"],
+                                out.setdefault("eval_facts", {}))
         console = consoles / "preempted.out"
         submitted = wait_until(lambda: submitted_line(console.read_text()), 300, "the preempted run is submitted")
         (job_id,) = submitted_jobs(submitted).values()
@@ -124,6 +130,7 @@ def launch_all(env: dict, shared: Path, data: str) -> dict:
         out["exp_dir"] = submitted.split("logs under ", 1)[1]
         _preempt(job_id, dirs["preempted"], out["facts"])
         out["final"] = wait_final(job_id)
+        joined(requeue, TIMEOUT_S)
         for name, proc in started.items():
             proc.wait(timeout=TIMEOUT_S)
             stdout, stderr = ((consoles / f"{name}{suffix}").read_text() for suffix in (".out", ".err"))

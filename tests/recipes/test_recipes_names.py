@@ -23,6 +23,9 @@ def _nothing_made(cwd, nemo_home):
     pytest.param(["tiny_clm_mlm", "run_dir=/checkpoints/r", "data_path=/data/d", *SLURM, "--dryrun"], id="recipe"),
     pytest.param(["tiny_clm_mlm", "--dryrun"], id="recipe-local"),
     pytest.param(["grid", "paper", "--only", "210m-clm-42k", *SLURM, "--dryrun"], id="grid"),
+    pytest.param(["eval", "--model", "a=/checkpoints/hf", "--smoke", "--output", "/checkpoints/eval", *SLURM,
+                  "--dryrun"], id="eval"),
+    pytest.param(["grid", "tiny", "--with-eval", *SLURM, "--dryrun"], id="grid-with-eval"),
 ])
 def test_a_name_with_a_command_or_a_space_is_refused_before_anything_is_made(argv, tmp_path, nemo_home,
                                                                              monkeypatch, capsys):
