@@ -21,14 +21,12 @@ DEVICES = ("auto", "cpu", "cuda")
 REPO = Path(__file__).resolve().parents[1]
 LABEL_USE = "it is a word of the job's command line and a folder of the output"
 
-# `grid --workers N --device D` comes with the core half of issue 53 (branch evalcore); until it is merged, grid runs
-# its units one after the other in one process and knows neither flag. The one switch to turn on at the merge.
-GRID_TAKES_WORKERS = False
 
 
 def core_flags(workers: int, device: str) -> list[str]:
-    """The flags that make one command use `workers` devices (or CPU worker processes)."""
-    return ["--workers", str(workers), "--device", device] if GRID_TAKES_WORKERS else []
+    """The flags that make one command use `workers` devices (or CPU worker processes): `grid --workers N` starts a
+    worker per GPU (CUDA_VISIBLE_DEVICES) or splits the cores, all taking units from the one output folder."""
+    return ["--workers", str(workers), "--device", device]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from recipes.__main__ import main
-from recipes.eval_job import GRID_TAKES_WORKERS
 
 IMAGE = "/lustre/images/mlmclm.sqsh"
 SLURM = ["--executor", "slurm", "executor.account=acct", f"executor.container_image={IMAGE}"]
@@ -35,9 +34,8 @@ def test_slurm_dryrun_is_an_array_of_grid_commands_under_the_requeue_policy(nemo
     assert 'if [ "$exitcode" = 75 ]' in text and 'elif [ "$exitcode" = 2 ]' in text  # the training's policy
     command = ("python /opt/mlmclm/tools/evaluate.py grid --model 610m-clm-42k=/checkpoints/hf/610m-clm-42k "
                "--model b=/checkpoints/hf/b --data-root /data/paper --task sst2 --seeds 0 1 "
-               "--output /checkpoints/eval/paper")
-    workers = " --workers 8 --device auto" if GRID_TAKES_WORKERS else ""
-    assert srun.endswith(command + workers), srun
+               "--output /checkpoints/eval/paper --workers 8 --device auto")  # a worker per GPU of the task
+    assert srun.endswith(command), srun
     assert "torchrun" not in srun and "--container-image " + IMAGE in srun
     out = capsys.readouterr().out
     assert "a job array of 4 task(s) × 8 GPU(s), one output folder /checkpoints/eval/paper" in out
