@@ -1,4 +1,5 @@
-"""RMSNorm usable under sequence parallelism with megatron's local layers."""
+"""Norms usable under sequence parallelism with megatron's local layers: RMSNorm (EuroBERT), LayerNorm without bias
+(ModernBERT)."""
 from __future__ import annotations
 
 import torch
@@ -26,3 +27,22 @@ class RMSNorm(torch.nn.Module):
         x = hidden_states.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class LayerNorm(torch.nn.Module):
+    """LayerNorm without a bias (ModernBERT's: `nn.LayerNorm(..., bias=False)`), computed in fp32.
+
+    Its weight is marked `sequence_parallel` as RMSNorm's is; `build_module` hands it the same arguments as any
+    norm of a megatron spec, so the same class serves as a layer's norm, the embedding norm and the head's norm."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=current_device()))
+        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        out = torch.nn.functional.layer_norm(hidden_states.float(), (hidden_states.shape[-1],), self.weight.float(),
+                                             None, self.eps)
+        return out.to(dtype)

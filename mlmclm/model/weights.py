@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from mlmclm.model.hf_mapping import from_te_name, shard, split_of, unshard
+from mlmclm.model.architectures import split_of
+from mlmclm.model.hf_mapping import from_te_name, shard, unshard
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
