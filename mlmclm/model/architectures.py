@@ -81,6 +81,9 @@ ARCHITECTURES: dict[str, Architecture] = {
                                _modernbert_block, _modernbert_finish),
 }
 ALL_TABLES = tuple(arch.mappings for arch in ARCHITECTURES.values())
+# a tied copy's name -> the tensor it copies, in models that tie them (`share_embeddings_and_output_weights`)
+TIED_COPIES = {copy: source for arch in ARCHITECTURES.values() if arch.tied_embeddings
+               for copy, source in arch.tied.items()}
 
 
 def architecture(model: ModelConfig) -> Architecture:
