@@ -53,8 +53,9 @@ def parse_args(argv: list[str] | None):
 FAMILIES = (
     ("grid paper|tiny", "the paper's 38 runs, or their CPU twin: plan, then launch every run (recipes/sweep.py)"),
     ("grid mini", "the mini-replication on CPU: grid, exports, evaluation and report (recipes/mini.py)"),
-    ("detour eurobert|tiny|report", "domain adaptation of a HF EuroBERT: import, CLM detour then MLM decay, and "
-                                    "its MLM-only control, with the held-out table (recipes/detour_run.py)"),
+    ("detour modernbert|eurobert|tiny|report", "domain adaptation of a HF ModernBERT or EuroBERT as published: "
+                                               "import, CLM detour then MLM decay, and its MLM 30 % control, with "
+                                               "the held-out table (recipes/detour_run.py)"),
 )
 
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         from recipes import sweep
 
         return sweep.main(argv[1:])
-    if argv[:1] == ["detour"]:  # `python -m recipes detour tiny|eurobert|report ...` (recipes/detour_run.py)
+    if argv[:1] == ["detour"]:  # `python -m recipes detour tiny|modernbert|eurobert|report ...` (detour_run.py)
         from recipes import detour_run
 
         return detour_run.main(argv[1:])
