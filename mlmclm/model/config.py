@@ -147,9 +147,6 @@ class ModelConfig:
             )
         if self.ffn_hidden_size % tp:
             raise ValueError(f"model.ffn_hidden_size {self.ffn_hidden_size} is not divisible by tensor_parallel {tp}")
-        if self.is_modernbert and parallel.context_parallel > 1:
-            raise ValueError("context_parallel > 1 is not implemented for ModernBERT (its local layers' RoPE and "
-                             "windows are not split across context-parallel ranks); use context_parallel 1")
         if self.num_layers % (pp * vpp):
             raise ValueError(
                 f"model.num_layers {self.num_layers} is not divisible by pipeline_parallel × "

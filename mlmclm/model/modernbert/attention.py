@@ -73,7 +73,7 @@ class LocalThetaSelfAttention(SelfAttention):
     def forward(self, hidden_states, attention_mask, *args, rotary_pos_emb=None, **kwargs):
         if self.local_rotary is not None and rotary_pos_emb is not None:
             # The model's embedding covers positions 0..len-1 (megatron's `get_rotary_seq_len`; context
-            # parallelism, which would slice it, is refused for ModernBERT): the same positions at the local θ.
+            # parallelism, which would slice it, is refused by ParallelConfig): the same positions at the local θ.
             length = (rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb).shape[0]
             rotary_pos_emb = self.local_rotary(length)
         return super().forward(hidden_states, attention_mask, *args, rotary_pos_emb=rotary_pos_emb, **kwargs)
