@@ -8,19 +8,22 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from mlmclm.parallel.runtime import current_device
 
 
-class RMSNorm(torch.nn.Module):
-    """y = w · x / sqrt(mean(x²) + eps), computed in fp32 like Hugging Face's EuroBERT.
+class _Norm(torch.nn.Module):
+    """A norm's weight (ones), built from the arguments `build_module` hands any norm of a megatron spec.
 
-    megatron's torch-norm wrapper refuses sequence parallelism; this one marks its weight with
-    `sequence_parallel` (as Transformer Engine's norms do) so megatron all-reduces its gradient across TP ranks,
-    each of which saw only a slice of the sequence.
-    """
+    megatron's torch-norm wrapper refuses sequence parallelism; ours mark their weight with `sequence_parallel` (as
+    Transformer Engine's norms do) so megatron all-reduces its gradient across TP ranks, each of which saw only a
+    slice of the sequence."""
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=current_device()))
         setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+
+class RMSNorm(_Norm):
+    """y = w · x / sqrt(mean(x²) + eps), computed in fp32 like Hugging Face's EuroBERT."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = hidden_states.dtype
@@ -29,17 +32,9 @@ class RMSNorm(torch.nn.Module):
         return self.weight * x.to(dtype)
 
 
-class LayerNorm(torch.nn.Module):
-    """LayerNorm without a bias (ModernBERT's: `nn.LayerNorm(..., bias=False)`), computed in fp32.
-
-    Its weight is marked `sequence_parallel` as RMSNorm's is; `build_module` hands it the same arguments as any
-    norm of a megatron spec, so the same class serves as a layer's norm, the embedding norm and the head's norm."""
-
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=current_device()))
-        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+class LayerNorm(_Norm):
+    """LayerNorm without a bias (ModernBERT's: `nn.LayerNorm(..., bias=False)`), computed in fp32: a layer's norm,
+    the embedding norm and the head's norm."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = hidden_states.dtype
