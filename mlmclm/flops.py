@@ -1,12 +1,18 @@
-"""Model FLOPs of one EuroBERT training step, GPU peak throughput, and MFU.
+"""Model FLOPs of one training step (EuroBERT, ModernBERT), GPU peak throughput, and MFU.
 
 What is counted (per token, per layer; MAC = one multiply-add = 2 FLOPs):
     QKV projection (GQA)   h·h + 2·h·(kv_heads·head_dim)
     attention output       h·h
-    SwiGLU MLP             3·h·ffn                  (gate, up, down)
-    attention scores+mix   2·S·h  × c               (QK^T and A·V; c = 1, or 1/2 for causal when skipping, below)
+    gated MLP              3·h·ffn                  (SwiGLU / GeGLU: gate, up, down)
+    attention scores+mix   2·K·h                    (QK^T and A·V over the K keys a query sees, below)
   once per token:
     LM head                h·V × f                  (V = padded vocabulary, f = fraction of positions, below)
+    head transform         h·h                      (ModernBERT's dense layer before the decoder, at every position)
+
+Keys per query K: S on a global layer (bidirectional). ModernBERT's local layers see the keys within
+w = local_attention // 2 of the query, so K is the mean over the S queries of how many of the S keys lie within w
+(2w + 1 inside the row, fewer at its ends; S when S <= w + 1): a windowed layer's attention term stops growing with
+S. Causal attention counts the keys at or before the query (see below).
 Norms, RoPE, softmax, SiLU and the embedding lookup are element-wise or gathers and are not counted (the usual
 "model FLOPs" convention, so MFU is comparable with published figures).
 
@@ -15,8 +21,8 @@ recompute is not useful model work).
 
 Causal attention: a kernel that skips fully masked blocks (flash attention, TE fused attention) does about half
 the QK^T/AV work of bidirectional attention, and only that half is useful model work. `causal_attention_half=True`
-(the default) counts S/2 keys per query for causal attention. Pass False to count the full S×S product, which is
-what an unfused kernel that materialises and then masks the score matrix executes (hardware FLOPs, not model FLOPs).
+(the default) counts S/2 keys per query for causal attention (a local layer: the window's left half, at most w + 1).
+Pass False to count every key a bidirectional layer of the same shape would (hardware FLOPs, not model FLOPs).
 
 LM head: CLM computes logits at every position (`lm_head_fraction=1.0`, the default). MLM runs the output layer
 and cross entropy only at the masked positions (`mlmclm.model.sparse_head`), so the head costs
@@ -25,9 +31,11 @@ masked, so slightly less on real text): `lm_head_fraction(objective)` gives it f
 
 Random-length samples (`mlmclm.data.random_length`) attend within themselves, so S is each sample's own length:
 `flops_for_lengths` sums a step over its samples, `mean_flops_for_uniform_lengths` is its expectation (plans).
+Without local layers a token's FLOPs are linear in S (closed forms); with them, each distinct length is counted.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,12 +52,13 @@ class FlopBreakdown:
     qkv: float
     attention_output: float
     mlp: float
-    attention: float  # QK^T and A·V (the term quadratic in sequence length)
+    attention: float  # QK^T and A·V (the term quadratic in sequence length on global layers)
     lm_head: float
+    head_transform: float = 0.0  # ModernBERT's dense layer before the decoder
 
     @property
     def forward_macs(self) -> float:
-        return self.qkv + self.attention_output + self.mlp + self.attention + self.lm_head
+        return self.qkv + self.attention_output + self.mlp + self.attention + self.lm_head + self.head_transform
 
     @property
     def forward_flops(self) -> float:
@@ -72,14 +81,28 @@ def flop_breakdown(model: ModelConfig, seq_length: int, *, causal: bool = False,
     kv_width = model.num_kv_heads * model.head_dim
     vocab = model.padded_vocab_size(1) if vocab_size is None else vocab_size
     # Query heads × head_dim = h, whatever the KV grouping: GQA shrinks K/V projections, not the score matrix.
-    keys_per_query = seq_length / 2 if (causal and causal_attention_half) else seq_length
+    half = causal and causal_attention_half
+    local = sum(model.local_layers())
+    keys = (layers - local) * (seq_length / 2 if half else seq_length)
+    if local:
+        keys += local * windowed_keys_per_query(seq_length, model.half_window, causal=half)
     return FlopBreakdown(
         qkv=layers * (h * h + 2 * h * kv_width),
         attention_output=layers * h * h,
         mlp=layers * 3 * h * model.ffn_hidden_size,
-        attention=layers * 2 * keys_per_query * h,
+        attention=2 * keys * h,
         lm_head=h * vocab * lm_head_fraction,
+        head_transform=h * h if model.is_modernbert else 0.0,
     )
+
+
+def windowed_keys_per_query(seq_length: int, half_window: int, causal: bool = False) -> float:
+    """Mean keys a query sees on a layer whose queries see keys within `half_window` positions (the row's ends
+    cut the window): bidirectional, or only those at or before the query (`causal`)."""
+    s, w = seq_length, half_window
+    # Σ over queries q of min(q, w): the keys on one side, the row's start cutting the window
+    one_side = s * (s - 1) / 2 if s - 1 <= w else w * (w + 1) / 2 + (s - 1 - w) * w
+    return 1 + (1 if causal else 2) * one_side / s
 
 
 def flops_per_token(model: ModelConfig, seq_length: int, *, causal: bool = False, training: bool = True,
@@ -105,7 +128,11 @@ def flops_per_step(model: ModelConfig, seq_length: int, sequences_per_step: int,
 def flops_for_lengths(model: ModelConfig, lengths, **kwargs) -> float:
     """Model FLOPs of one step over samples of the given lengths, each attending only within itself
     (random-length samples, `mlmclm.data.random_length`): per-token FLOPs are linear in the attention length L,
-    a + b·L, so the step costs a·ΣL + b·ΣL² — padding is not model work and is not counted."""
+    a + b·L, so the step costs a·ΣL + b·ΣL² — padding is not model work and is not counted. With local (windowed)
+    layers they are not linear: each distinct length is counted."""
+    if any(model.local_layers()):
+        counts = Counter(int(n) for n in lengths)
+        return sum(flops_per_token(model, n, **kwargs) * n * c for n, c in counts.items())
     one, two = flops_per_token(model, 1, **kwargs), flops_per_token(model, 2, **kwargs)
     slope = two - one
     total = sum(int(n) for n in lengths)
@@ -118,6 +145,8 @@ def mean_flops_for_uniform_lengths(model: ModelConfig, min_length: int, max_leng
     """Expected model FLOPs of a step of `samples` samples with lengths uniform in [min_length, max_length]
     (for plans: E[L] and E[L²] of the discrete uniform distribution)."""
     values = range(min_length, max_length + 1)
+    if any(model.local_layers()):
+        return samples * flops_for_lengths(model, values, **kwargs) / len(values)
     mean = sum(values) / len(values)
     mean_square = sum(v * v for v in values) / len(values)
     one, two = flops_per_token(model, 1, **kwargs), flops_per_token(model, 2, **kwargs)

@@ -56,8 +56,9 @@ FAMILIES = (
     ("grid mini", "the mini-replication on CPU: grid, exports, evaluation and report (recipes/mini.py)"),
     ("eval --model L=DIR --output OUT", "the fine-tuning grid over one output folder: locally one command, on "
                                         "Slurm a job array of K tasks x G GPUs (recipes/eval_run.py)"),
-    ("detour eurobert|tiny|report", "domain adaptation of a HF EuroBERT: import, CLM detour then MLM decay, and "
-                                    "its MLM-only control, with the held-out table (recipes/detour_run.py)"),
+    ("detour modernbert|eurobert|tiny|report", "domain adaptation of a HF ModernBERT or EuroBERT as published: "
+                                               "import, CLM detour then MLM decay, and its MLM 30 % control, with "
+                                               "the held-out table (recipes/detour_run.py)"),
 )
 
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         from recipes import eval_run
 
         return eval_run.main(argv[1:])
-    if argv[:1] == ["detour"]:  # `python -m recipes detour tiny|eurobert|report ...` (recipes/detour_run.py)
+    if argv[:1] == ["detour"]:  # `python -m recipes detour tiny|modernbert|eurobert|report ...` (detour_run.py)
         from recipes import detour_run
 
         return detour_run.main(argv[1:])

@@ -108,6 +108,7 @@ class Phase:
     data_path: str | None = None
     random_length: tuple[int, int] | None = None  # with data_path: the phase's own sample lengths
     name: str | None = None  # default: the objective's kind
+    restart_schedule: ScheduleConfig | None = None  # the LR schedule restarts here, optimizer state kept
 
 
 def _config_of(obj) -> run.Config:
@@ -119,8 +120,9 @@ def _phase_config(phase: Phase, tokenizer: str | None, seed: int) -> run.Config:
     data = None if phase.data_path is None else run.Config(
         DataConfig, path=phase.data_path, tokenizer=tokenizer, seed=seed,
         random_length=None if phase.random_length is None else run.Config(SampleLengths, *phase.random_length))
+    restart = None if phase.restart_schedule is None else _config_of(phase.restart_schedule)
     return run.Config(PhaseConfig, steps=phase.steps, fraction=phase.fraction, name=phase.name,
-                      rope_theta=phase.rope_theta,
+                      rope_theta=phase.rope_theta, restart_schedule=restart,
                       max_position_embeddings=phase.max_position_embeddings, data=data,
                       objective=run.Config(ObjectiveConfig, kind=phase.kind, mask_ratio=phase.mask_ratio,
                                            mask_mode=phase.mask_mode, mask_schedule=phase.mask_schedule,
@@ -150,8 +152,11 @@ def train_partial(
     seed: int = 1234,
     random_length: tuple[int, int] | None = None,
     validation_interval: int = 1000,
+    optimizer: OptimizerConfig | None = None,
+    schedule: ScheduleConfig | None = None,
 ) -> run.Partial:
-    """The common base: every recipe is this with its own arguments; validated before it is returned."""
+    """The common base: every recipe is this with its own arguments; validated before it is returned.
+    `optimizer` / `schedule` replace the paper's (then `lr`, `warmup_steps` and `decay_steps` are not read)."""
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes} and {gpus_per_node}")
     parallel = layout.parallel() if isinstance(layout, SizeLayout) else layout
@@ -169,10 +174,11 @@ def train_partial(
         micro_batch_size=micro,
         parallel=_config_of(parallel),
         # The paper's optimizer: AdamW β (0.9, 0.95), eps 1e-5, wd 0.1, clip 1.0.
-        optimizer=run.Config(OptimizerConfig, lr=lr, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1,
-                             clip_grad=1.0, distributed_optimizer=getattr(layout, "distributed_optimizer", True)),
-        schedule=run.Config(ScheduleConfig, style="wsd", warmup_steps=warmup_steps, decay_steps=decay_steps,
-                            decay_shape="linear"),
+        optimizer=_config_of(optimizer) if optimizer is not None else run.Config(
+            OptimizerConfig, lr=lr, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1, clip_grad=1.0,
+            distributed_optimizer=getattr(layout, "distributed_optimizer", True)),
+        schedule=_config_of(schedule) if schedule is not None else run.Config(
+            ScheduleConfig, style="wsd", warmup_steps=warmup_steps, decay_steps=decay_steps, decay_shape="linear"),
         precision=run.Config(PrecisionConfig, dtype="auto", fp8="hybrid" if fp8 else None, fp8_attention="auto"),
         checkpoint=run.Config(CheckpointConfig, save_interval=save_interval, init_from=init_from),
         logging=run.Config(LoggingConfig, log_interval=log_interval),

@@ -1,19 +1,27 @@
-"""Domain adaptation of an existing encoder: the CLM detour (arXiv 2605.12438) and its control.
+"""Domain adaptation of an existing encoder: the CLM detour as its authors ran it, and its control.
 
-From a Hugging Face EuroBERT (a hub name or a local directory) the family builds three tasks:
+The published settings (the first author's thesis, chapter "based on COLM 2026" and appendix "Pretraining
+Configurations for the CLM Detour"; each default's source line is in recipes/README.md, "Domain adaptation: the CLM
+detour"): start from ModernBERT or ModernCamemBERT (base or large; any `ModernBertForMaskedLM`, or a EuroBERT);
+phase 1 on n tokens — CLM for the detour, MLM at 30 % for the control; phase 2 on 0.1·n tokens, MLM at 15 % for
+both, the optimizer state kept and only the scheduler restarted (a 1-√ cooldown from the peak to 2e-5); decoupled
+AdamW at 2e-4 constant after a 100M-token warmup, β (0.9, 0.98), eps 1e-6, weight decay 1e-5; 384 packed rows of
+8,192 tokens a step, bf16.
+
+From a Hugging Face model (a hub name or a local directory) the family builds three tasks:
 
 1. `import`: our own `convert_from_hf` turns the model into a run-shaped checkpoint (weights only), and the
    trainer's validation measures the imported model's held-out losses on the domain's validation split (step 0);
-2. `detour`: CLM on the domain data for `clm_share` of the steps, then MLM, the WSD decay covering the MLM phase;
-3. `control`: MLM only, the same steps, data, seed and schedule — only the first phase's objective differs.
+2. `detour`: phase 1 CLM, then phase 2 (the MLM decay);
+3. `control`: phase 1 MLM at 30 %, then the same phase 2 — the same steps, data, seed and optimizer.
 
-Both start from the import (`checkpoint.init_from`: fresh optimizer, schedule and data position) and validate at
-the switch and at the end (`validation.interval` = the CLM steps), so the report (recipes/detour_report.py) reads
-the held-out MLM loss at step 0, at the end of the detour's CLM phase and at the end, for both. Defaults and their
-sources: recipes/README.md, "Domain adaptation: the CLM detour". `tiny_detour` is the CPU twin."""
+Both start from the import (`checkpoint.init_from`: a fresh optimizer for phase 1) and validate at the switch and
+at the end, so the report (recipes/detour_report.py) reads the held-out MLM loss (at phase 2's 15 %) at step 0, at
+the end of phase 1 and at the end, for both. `tiny_detour` is the CPU twin, on a tiny ModernBERT."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +29,20 @@ import nemo_run as run
 
 from mlmclm.model.config import ModelConfig
 from mlmclm.parallel.runtime import ParallelConfig
-from recipes.base import PAPER_GLOBAL_BATCH, PAPER_SAMPLE_LENGTHS, Phase, train_partial, validate
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from recipes.base import Phase, train_partial, validate
 
-# Our choices where the follow-up's values could not be read here (recipes/README.md says which is which).
-CLM_SHARE = 0.5
-MASK_RATIO = 0.4  # the paper's main MLM ratio (arXiv 2507.00994)
-LEARNING_RATE = 5e-4  # the paper's peak (from scratch); the follow-up's continued-pretraining peak: unknown here
-WARMUP_SHARE = 0.1  # a fresh optimizer re-warms (as cpt_* does); not the follow-up's figure
+# The published settings (recipes/README.md gives each one's source)
+DECAY_SHARE = 0.1          # phase 2 on 0.1·n tokens
+CONTROL_MASK_RATIO = 0.30  # the control's phase 1
+DECAY_MASK_RATIO = 0.15    # phase 2, both runs
+LEARNING_RATE, MIN_LR = 2e-4, 2e-5
+WARMUP_TOKENS = 100_000_000
+BETAS, EPS, WEIGHT_DECAY = (0.9, 0.98), 1e-6, 1e-5
+GLOBAL_BATCH, SEQ_LENGTH = 384, 8192
+PHASE1_TOKENS = 10_000_000_000  # the French runs' detour (the English: 50B)
+# Ours where the text says nothing: gradient clipping (the trainer's 1.0) and the masking (the trainer's mask_only)
+CLIP_GRAD = 1.0
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class DetourPlan:
     imported: Path  # the converted checkpoint (a run-shaped directory)
     detour: run.Partial
     control: run.Partial
-    clm_steps: int
+    phase1_steps: int
     processes: int  # of the step-0 measurement
 
     @property
@@ -52,7 +67,7 @@ def source_model(source: str, make_vocab_divisible_by: int = 128) -> ModelConfig
     copy of that one file), so the training config matches the imported checkpoint."""
     from transformers import AutoConfig
 
-    from mlmclm.convert.hf_config import model_config_from_hf
+    from mlmclm.convert.architecture_config import model_config_from_hf
 
     path = Path(source)
     if not path.is_dir():
@@ -65,76 +80,125 @@ def source_model(source: str, make_vocab_divisible_by: int = 128) -> ModelConfig
     return model_config_from_hf(hf, path.name, make_vocab_divisible_by).model
 
 
-def detour_plan(source: str, data_path: str, root: str, *, steps: int, clm_share: float = CLM_SHARE,
-                mask_ratio: float = MASK_RATIO, lr: float = LEARNING_RATE, global_batch_size: int,
-                nodes: int, gpus_per_node: int, max_micro_batch: int, seq_length: int | None,
-                random_length: tuple[int, int] | None, tokenizer: str | None, fp8: bool, seed: int,
-                layout: ParallelConfig | None = None, validation_samples: int | None = None,
-                model: ModelConfig | None = None) -> DetourPlan:
-    """The family's one builder (paper scale and CPU twin choose its arguments)."""
-    if not 0 < clm_share < 1:
-        raise ValueError(f"clm_share must be strictly between 0 and 1, got {clm_share}")
-    clm_steps = round(steps * clm_share)
-    if not 0 < clm_steps < steps:
-        raise ValueError(f"steps={steps} with clm_share={clm_share} leaves no CLM or no MLM step")
+def published_optimizer(lr: float, min_lr: float) -> OptimizerConfig:
+    return OptimizerConfig(lr=lr, min_lr=min_lr, beta1=BETAS[0], beta2=BETAS[1], eps=EPS,
+                           weight_decay=WEIGHT_DECAY, decoupled_weight_decay=True, clip_grad=CLIP_GRAD)
+
+
+def detour_plan(source: str, data_path: str, root: str, *, steps: int, decay_share: float = DECAY_SHARE,
+                control_mask_ratio: float = CONTROL_MASK_RATIO, decay_mask_ratio: float = DECAY_MASK_RATIO,
+                lr: float = LEARNING_RATE, min_lr: float = MIN_LR, warmup_tokens: int = WARMUP_TOKENS,
+                global_batch_size: int, nodes: int, gpus_per_node: int, max_micro_batch: int, seq_length: int,
+                tokenizer: str | None, seed: int, layout: ParallelConfig | None = None,
+                validation_samples: int | None = None, model: ModelConfig | None = None) -> DetourPlan:
+    """The family's one builder (paper scale and CPU twin choose its arguments). `steps`: phase 1's steps (n);
+    phase 2 takes `decay_share` of them."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps (phase 1) must be an integer >= 1, got {steps!r}")
+    if not 0 < decay_share <= 1:
+        raise ValueError(f"decay_share must be in (0, 1] (phase 2's share of phase 1), got {decay_share}")
+    decay_steps = round(steps * decay_share)
+    if decay_steps < 1:
+        raise ValueError(f"steps={steps} with decay_share={decay_share} leaves no step for phase 2 (the MLM decay)")
     model = model or source_model(source)
-    if seq_length is not None and seq_length > model.max_position_embeddings:
+    if seq_length > model.max_position_embeddings:
         raise ValueError(f"seq_length {seq_length} exceeds the source's max_position_embeddings "
                          f"{model.max_position_embeddings}")
+    row_tokens = global_batch_size * seq_length
+    if warmup_tokens >= steps * row_tokens:
+        raise ValueError(f"the warmup ({warmup_tokens:,} tokens, {math.ceil(warmup_tokens / row_tokens)} steps of "
+                         f"{row_tokens:,}) must end inside phase 1 ({steps} steps)")
     root_path = Path(root)
     imported = root_path / "imported"
-    warmup = max(1, round(steps * WARMUP_SHARE))
-    decay = steps - clm_steps  # the WSD decay is the MLM phase (the detour's second phase; the control's last steps)
-    if warmup > clm_steps:
-        raise ValueError(f"the warmup ({warmup} steps) must end before the decay starts at step {clm_steps}")
+    total = steps + decay_steps
+    cooldown = ScheduleConfig(style="cooldown", decay_shape="minus_sqrt")
 
-    def partial(name: str, phases: list[Phase]) -> run.Partial:
+    def partial(name: str, phase1: Phase) -> run.Partial:
+        phases = [phase1, Phase("mlm", steps=decay_steps, mask_ratio=decay_mask_ratio, name="mlm_decay",
+                                restart_schedule=cooldown)]
         built = train_partial(
-            model=model, layout=layout or ParallelConfig(), phases=phases, total_steps=steps,
+            model=model, layout=layout or ParallelConfig(), phases=phases, total_steps=total,
             global_batch_size=global_batch_size, nodes=nodes, gpus_per_node=gpus_per_node, data_path=data_path,
-            run_dir=str(root_path / name), tokenizer=tokenizer, warmup_steps=warmup, decay_steps=decay, lr=lr,
-            init_from=str(imported), fp8=fp8, max_micro_batch=max_micro_batch, save_interval=None,
-            log_interval=max(1, steps // 10), seed=seed, random_length=random_length,
-            validation_interval=clm_steps)  # at the switch (both runs) and at the end
+            run_dir=str(root_path / name), tokenizer=tokenizer, init_from=str(imported), fp8=False,
+            max_micro_batch=max_micro_batch, save_interval=None, log_interval=max(1, total // 10), seed=seed,
+            validation_interval=steps,  # at the switch (both runs) and at the end
+            optimizer=published_optimizer(lr, min_lr),
+            schedule=ScheduleConfig(style="constant", warmup_tokens=warmup_tokens))
+        built.config.validation.mask_ratio = decay_mask_ratio
         if validation_samples is not None:
             built.config.validation.samples = validation_samples
         validate(built)
         return built
 
-    detour = partial("detour", [Phase("clm", steps=clm_steps), Phase("mlm", steps=steps - clm_steps,
-                                                                     mask_ratio=mask_ratio)])
-    control = partial("control", [Phase("mlm", steps=steps, mask_ratio=mask_ratio)])
-    return DetourPlan(source, root_path, imported, detour, control, clm_steps, gpus_per_node)
+    detour = partial("detour", Phase("clm", steps=steps, name="clm"))
+    control = partial("control", Phase("mlm", steps=steps, mask_ratio=control_mask_ratio, name="mlm"))
+    return DetourPlan(source, root_path, imported, detour, control, steps, gpus_per_node)
 
 
-def detour_eurobert(source: str, data_path: str, root: str, steps: int = 10_000, clm_share: float = CLM_SHARE,
-                    mask_ratio: float = MASK_RATIO, lr: float = LEARNING_RATE, nodes: int = 1,
-                    gpus_per_node: int = 8, seed: int = 1234, fp8: bool = True) -> DetourPlan:
-    """Paper scale on H100 nodes: the paper's 2304 random-length samples (12-2048 tokens) a step, DP only (TP/PP 1:
-    EuroBERT 210m/610m fit one GPU, as base.SIZES sizes them), FP8 hybrid. Not run on a GPU here."""
-    return detour_plan(source, data_path, root, steps=steps, clm_share=clm_share, mask_ratio=mask_ratio, lr=lr,
-                       global_batch_size=PAPER_GLOBAL_BATCH, nodes=nodes, gpus_per_node=gpus_per_node,
-                       max_micro_batch=12, seq_length=None, random_length=PAPER_SAMPLE_LENGTHS, tokenizer=None,
-                       fp8=fp8, seed=seed)
+def steps_for_tokens(tokens: int, global_batch_size: int = GLOBAL_BATCH, seq_length: int = SEQ_LENGTH) -> int:
+    """Phase 1's steps for `tokens` (n) at packed rows of `seq_length` tokens, `global_batch_size` a step."""
+    return max(1, round(tokens / (global_batch_size * seq_length)))
 
 
-def tiny_detour(source: str, data_path: str, root: str, steps: int = 8, clm_share: float = CLM_SHARE,
-                mask_ratio: float = MASK_RATIO, lr: float = 1e-3, processes: int = 2, seed: int = 1234,
+def detour_published(source: str, data_path: str, root: str, tokens: int = PHASE1_TOKENS,
+                     decay_share: float = DECAY_SHARE, lr: float = LEARNING_RATE, nodes: int = 1,
+                     gpus_per_node: int = 4, max_micro_batch: int = 2, seed: int = 17) -> DetourPlan:
+    """Paper scale as published: phase 1 on `tokens` (the French runs' 10B = 3,179 steps of 384 × 8,192), 4 H100s
+    of one node (the thesis' hardware), DP only (150M and 350M fit one GPU), bf16. Not run on a GPU here."""
+    return detour_plan(source, data_path, root, steps=steps_for_tokens(tokens), decay_share=decay_share, lr=lr,
+                       global_batch_size=GLOBAL_BATCH, nodes=nodes, gpus_per_node=gpus_per_node,
+                       max_micro_batch=max_micro_batch, seq_length=SEQ_LENGTH, tokenizer=None, seed=seed)
+
+
+def tiny_detour(source: str, data_path: str, root: str, steps: int = 8, decay_share: float = 0.25,
+                lr: float = 1e-3, warmup_tokens: int = 1024, processes: int = 2, seed: int = 17,
                 validation_samples: int | None = 16) -> DetourPlan:
-    """The CPU twin: a tiny EuroBERT (`make_tiny_eurobert`), the demo's packed rows of 128 tokens, 8 per step."""
-    return detour_plan(source, data_path, root, steps=steps, clm_share=clm_share, mask_ratio=mask_ratio, lr=lr,
-                       global_batch_size=8, nodes=1, gpus_per_node=processes, max_micro_batch=2, seq_length=128,
-                       random_length=None, tokenizer=None, fp8=False, seed=seed,
+    """The CPU twin: a tiny ModernBERT (`make_tiny_modernbert`), the demo's packed rows of 128 tokens, 8 per step;
+    phase 2 a quarter of phase 1 (a tenth of 8 steps is under one), a peak a tiny random model learns from in a few
+    steps, a one-step warmup (1,024 tokens); everything else as published."""
+    return detour_plan(source, data_path, root, steps=steps, decay_share=decay_share, lr=lr, min_lr=lr / 10,
+                       warmup_tokens=warmup_tokens, global_batch_size=8, nodes=1, gpus_per_node=processes,
+                       max_micro_batch=2, seq_length=128, tokenizer=None, seed=seed,
                        validation_samples=validation_samples)
 
 
-def make_tiny_eurobert(directory: Path, seed: int = 0) -> Path:
-    """A random tiny EuroBERT (the `tiny` preset's shape) made with `transformers`, saved with the embedded demo
+def make_tiny_modernbert(directory: Path, seed: int = 0) -> Path:
+    """A random tiny `ModernBertForMaskedLM` (the `tiny-modernbert` preset's shape: both layer types, windows of 32
+    tokens in the demo's 128-token rows, two RoPE θ) made with `transformers`, saved with the embedded demo
     tokenizer, so the demo's corpus is its domain data. Written only where nothing is."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    from mlmclm.convert.modernbert_config import modernbert_fields
+    from mlmclm.model.config import preset
+
+    def build(tokenizer):
+        ids = {"bos_id": tokenizer.bos_token_id, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id}
+        shape = preset("tiny-modernbert", vocab_size=len(tokenizer))
+        return ModernBertForMaskedLM(ModernBertConfig(**modernbert_fields(shape, ids, "fp32")))
+
+    return _save_tiny(directory, seed, build, "ModernBERT")
+
+
+def make_tiny_eurobert(directory: Path, seed: int = 0) -> Path:
+    """A random tiny EuroBERT (the `tiny` preset's shape), saved with the embedded demo tokenizer (`--source` of
+    the twin for a EuroBERT)."""
+    from transformers import EuroBertConfig, EuroBertForMaskedLM
+
+    def build(tokenizer):
+        return EuroBertForMaskedLM(EuroBertConfig(
+            vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=256, max_position_embeddings=1024,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id, tie_word_embeddings=False))
+
+    return _save_tiny(directory, seed, build, "EuroBERT")
+
+
+def _save_tiny(directory: Path, seed: int, build, what: str) -> Path:
     import shutil
 
     import torch
-    from transformers import AutoTokenizer, EuroBertConfig, EuroBertForMaskedLM
+    from transformers import AutoTokenizer
 
     from mlmclm.data.tokenizer import embedded_tokenizer_dir
 
@@ -142,17 +206,12 @@ def make_tiny_eurobert(directory: Path, seed: int = 0) -> Path:
     if (directory / "config.json").exists():
         return directory
     if directory.exists() and any(directory.iterdir()):
-        raise ValueError(f"{directory} is not empty and holds no model: refusing to write a tiny EuroBERT into it")
+        raise ValueError(f"{directory} is not empty and holds no model: refusing to write a tiny {what} into it")
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_tokenizer_dir()), trust_remote_code=False)
     torch.manual_seed(seed)
-    config = EuroBertConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=256, max_position_embeddings=1024,
-                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
-                            tie_word_embeddings=False)
     staging = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    EuroBertForMaskedLM(config).save_pretrained(str(staging))
+    build(tokenizer).save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
     if directory.exists():
         directory.rmdir()  # empty (checked above)

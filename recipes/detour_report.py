@@ -1,6 +1,6 @@
-"""The detour's one table: the domain's held-out MLM loss (the trainer's validation, mask ratio 40 % by default) of
-the imported model (step 0), at the end of the detour's CLM phase and at the end, for the detour and its control —
-read from the import's measurement and from the runs' latest checkpoints (their `validation` history)."""
+"""The detour's one table: the domain's held-out MLM loss (the trainer's validation, at phase 2's mask ratio) of
+the imported model (step 0), at the end of phase 1 and at the end, for the detour and its control — read from the
+import's measurement and from the runs' latest checkpoints (their `validation` history)."""
 from __future__ import annotations
 
 import json
@@ -19,14 +19,15 @@ def validations(run_dir: Path) -> dict[int, dict]:
     return {entry["step"]: entry for entry in ckpt.read_json(latest, ckpt.TRAIN_STATE).get("validation", [])}
 
 
-def report_rows(root: Path, clm_steps: int, total_steps: int) -> dict:
+def report_rows(root: Path, phase1_steps: int, total_steps: int) -> dict:
     """{"step0": loss, "detour": {"switch": loss, "end": loss}, "control": {...}}; None where not measured."""
     step0_file = Path(root) / "step0_held_out.json"
     step0 = json.loads(step0_file.read_text(encoding="utf-8")).get(MLM) if step0_file.exists() else None
-    rows = {"step0": step0, "clm_steps": clm_steps, "total_steps": total_steps}
+    rows = {"step0": step0, "phase1_steps": phase1_steps, "total_steps": total_steps}
     for name in ("detour", "control"):
         history = validations(Path(root) / name)
-        rows[name] = {"switch": history.get(clm_steps, {}).get(MLM), "end": history.get(total_steps, {}).get(MLM)}
+        rows[name] = {"switch": history.get(phase1_steps, {}).get(MLM),
+                      "end": history.get(total_steps, {}).get(MLM)}
     return rows
 
 
@@ -36,10 +37,11 @@ def _cell(value: float | None) -> str:
 
 def report_table(rows: dict) -> str:
     """Markdown: one row per run, the three points as columns (step 0 is the same imported model for both)."""
-    clm, total = rows["clm_steps"], rows["total_steps"]
-    lines = [f"| run | step 0 (imported) | step {clm} (end of the CLM detour) | step {total} (end) | "
+    first, total = rows["phase1_steps"], rows["total_steps"]
+    lines = [f"| run | step 0 (imported) | step {first} (end of phase 1) | step {total} (end) | "
              f"change from step 0 |", "|---|---|---|---|---|"]
-    for name, what in (("detour", f"CLM {clm} → MLM {total - clm}"), ("control", f"MLM {total}")):
+    for name, what in (("detour", f"CLM {first} → MLM decay {total - first}"),
+                       ("control", f"MLM {first} → MLM decay {total - first}")):
         end = rows[name]["end"]
         change = "—" if end is None or rows["step0"] is None else f"{end - rows['step0']:+.4f}"
         lines.append(f"| {name} ({what}) | {_cell(rows['step0'])} | {_cell(rows[name]['switch'])} | "
@@ -47,9 +49,9 @@ def report_table(rows: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(root: Path, clm_steps: int, total_steps: int) -> str:
+def write_report(root: Path, phase1_steps: int, total_steps: int) -> str:
     """The table, also written to ROOT/report.md and ROOT/report.json."""
-    rows = report_rows(root, clm_steps, total_steps)
+    rows = report_rows(root, phase1_steps, total_steps)
     table = report_table(rows)
     (Path(root) / "report.md").write_text("Held-out MLM loss on the domain's validation split\n\n" + table,
                                           encoding="utf-8")

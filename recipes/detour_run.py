@@ -1,12 +1,14 @@
 """One command for the CLM detour and its control (recipes/detour.py): import, both runs, both exports, the table.
 
-  python -m recipes.detour_run tiny --root runs/detour                        # CPU twin: tiny EuroBERT, demo corpus
+  python -m recipes.detour_run tiny --root runs/detour                        # CPU twin: tiny ModernBERT, demo corpus
   python -m recipes.detour_run tiny --root runs/detour_mine --text notes/*.txt # the twin on your own text
-  python -m recipes.detour_run eurobert --source EuroBERT/EuroBERT-210m --data-path /data/bio-eurobert \\
-      --root /checkpoints/detour-bio steps=10000 gpus_per_node=8              # one 8-GPU node, locally launched
+  python -m recipes.detour_run modernbert --source answerdotai/ModernBERT-base --data-path /data/bio-modernbert \\
+      --root /checkpoints/detour-bio tokens=10000000000                       # as published: one 4-GPU node
   python -m recipes.detour_run report --root runs/detour                      # the table again
 
-`key=value` sets a parameter of the builder (`steps=`, `clm_share=`, `mask_ratio=`, `lr=`, `seed=`, ...). The
+`modernbert` takes any ModernBertForMaskedLM (ModernBERT, ModernCamemBERT, base or large); `eurobert` the same
+published settings on a EuroBERT. `key=value` sets a parameter of the builder (`tokens=`, `decay_share=`, `lr=`,
+`seed=`, ...; the twin: `steps=`, ...). The
 tasks run through NeMo-Run's local executor, one after the other; finished steps are not run again. Slurm
 submission of the family is not implemented (the import task measures step 0 where it runs)."""
 from __future__ import annotations
@@ -77,7 +79,7 @@ def plain_local_executor() -> run.LocalExecutor:
 def run_plan(plan: detour.DetourPlan, export: bool = True) -> str:
     """Import (and step 0) as a NeMo-Run task, then the two runs (recipes.launch), then the exports and the table."""
     plan.root.mkdir(parents=True, exist_ok=True)
-    (plan.root / PLAN_FILE).write_text(json.dumps({"source": plan.source, "clm_steps": plan.clm_steps,
+    (plan.root / PLAN_FILE).write_text(json.dumps({"source": plan.source, "phase1_steps": plan.phase1_steps,
                                                    "total_steps": plan.detour.config.total_steps}, indent=2) + "\n")
     if not plan.step0_file.exists():
         with run.Experiment("detour-import", log_level="WARN", skip_status_at_exit=True,
@@ -91,13 +93,13 @@ def run_plan(plan: detour.DetourPlan, export: bool = True) -> str:
     lines = []
     if export:
         lines += [f"{name}: exported to {path}" for name, path in export_both(plan).items()]
-    table = write_report(plan.root, plan.clm_steps, plan.detour.config.total_steps)
+    table = write_report(plan.root, plan.phase1_steps, plan.detour.config.total_steps)
     return table + "\n".join(lines) + f"\n(table in {plan.root / 'report.md'})"
 
 
 def export_both(plan: detour.DetourPlan) -> dict[str, Path]:
-    """Each run's final checkpoint as an HF EuroBERT directory that sentence-transformers also loads (skipped when
-    already there)."""
+    """Each run's final checkpoint as a native HF directory (ModernBertForMaskedLM or EuroBertForMaskedLM, the
+    source's architecture) that sentence-transformers also loads (skipped when already there)."""
     from mlmclm.convert.to_hf import TOKENIZER_SUBDIR, ExportConfig, convert_to_hf
     from mlmclm.export.sentence_transformers import SentenceTransformerLayout
     from mlmclm.train import checkpoint as ckpt
@@ -116,9 +118,10 @@ def export_both(plan: detour.DetourPlan) -> dict[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipes detour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("family", choices=("tiny", "eurobert", "report"))
+    parser.add_argument("family", choices=("tiny", "modernbert", "eurobert", "report"))
     parser.add_argument("--root", type=Path, required=True, help="folder of the import, runs, exports and table")
-    parser.add_argument("--source", help="HF EuroBERT: hub name or local directory (tiny: default a new tiny one)")
+    parser.add_argument("--source", help="HF ModernBERT or EuroBERT: hub name or local directory (tiny: default a "
+                                         "new tiny ModernBERT)")
     parser.add_argument("--data-path", help="prepared domain data with a validation split (eurobert: required)")
     parser.add_argument("--text", nargs="+", help="tiny: your own text files as the domain (default: the demo's)")
     parser.add_argument("--no-export", action="store_true", help="skip the two exports")
@@ -127,19 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.family == "report":
             saved = json.loads((args.root / PLAN_FILE).read_text(encoding="utf-8"))
-            print(write_report(args.root, saved["clm_steps"], saved["total_steps"]), end="")
+            print(write_report(args.root, saved["phase1_steps"], saved["total_steps"]), end="")
             return 0
         if args.family == "tiny":
             params = _builder_params(detour.tiny_detour, args.params)  # before any model or data is made
-            source = Path(args.source) if args.source else detour.make_tiny_eurobert(args.root / "tiny_eurobert")
+            source = Path(args.source) if args.source else detour.make_tiny_modernbert(args.root / "tiny_modernbert")
             data = Path(args.data_path) if args.data_path else prepare_twin_data(args.root, args.text, source)
             plan = detour.tiny_detour(str(source), str(data), str(args.root), **params)
         else:
             if not args.source or not args.data_path or args.text:
-                raise ValueError("eurobert needs --source and --data-path (prepared with tools/prepare_data.py "
-                                 "--tokenizer SOURCE --validation-every K); --text is for the tiny twin")
-            plan = detour.detour_eurobert(args.source, args.data_path, str(args.root),
-                                          **_builder_params(detour.detour_eurobert, args.params))
+                raise ValueError(f"{args.family} needs --source and --data-path (prepared with tools/prepare_data.py "
+                                 "--tokenizer SOURCE --seq-length 8192 --validation-every K); --text is for the "
+                                 "tiny twin")
+            plan = detour.detour_published(args.source, args.data_path, str(args.root),
+                                           **_builder_params(detour.detour_published, args.params))
         print(run_plan(plan, export=not args.no_export))
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -44,14 +44,20 @@ def _phases(cfg: TrainConfig) -> str:
 
 
 def _schedule(cfg: TrainConfig) -> str:
-    sched, opt = cfg.schedule, cfg.optimizer
-    shape = f"peak LR {opt.lr:g}, min {opt.min_lr:g}, {sched.style}: warmup {sched.warmup_steps} steps"
-    if sched.style == "wsd":
-        decay = sched.decay_for(cfg.total_steps)
-        shape += (f", stable to step {cfg.total_steps - decay}, {sched.decay_shape} decay over the last {decay} "
-                  f"steps")
-    return (f"{shape}; AdamW β ({opt.beta1:g}, {opt.beta2:g}), eps {opt.eps:g}, weight decay "
-            f"{opt.weight_decay:g}, clip {opt.clip_grad:g}")
+    opt = cfg.optimizer
+    spans = []
+    for (start, sched), end in zip(cfg.schedule_spans(), cfg.schedule_span_ends()):
+        warmup = f"{sched.warmup_tokens:,} tokens" if sched.warmup_tokens else f"{sched.warmup_steps} steps"
+        shape = f"{sched.style}: warmup {warmup}"
+        if sched.style == "wsd":
+            decay = sched.decay_for(end - start)
+            shape += f", stable to step {end - decay}, {sched.decay_shape} decay over the last {decay} steps"
+        elif sched.style == "cooldown":
+            shape += f", {sched.decay_shape} decay to min over the span"
+        spans.append(shape if start == 0 else f"restarted at step {start + 1} (optimizer state kept): {shape}")
+    decay = f"weight decay {opt.weight_decay:g}" + (" (decoupled)" if opt.decoupled_weight_decay else "")
+    return (f"peak LR {opt.lr:g}, min {opt.min_lr:g}, {'; '.join(spans)}; AdamW β ({opt.beta1:g}, {opt.beta2:g}), "
+            f"eps {opt.eps:g}, {decay}, clip {opt.clip_grad:g}")
 
 
 def _count(n: float) -> str:

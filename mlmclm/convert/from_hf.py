@@ -1,4 +1,4 @@
-"""Hugging Face EuroBERT or Llama-family model → megatron dist checkpoint at a chosen TP/PP(/VPP) layout.
+"""Hugging Face EuroBERT, ModernBERT or Llama-family model → megatron dist checkpoint at a chosen TP/PP(/VPP) layout.
 
 The result is a run-shaped directory (`OUTPUT/checkpoints/iter_0000000/` + `latest_checkpointed_iteration.txt`)
 that `checkpoint.init_from: OUTPUT` (continued pretraining) and `convert_to_hf` accept. Its `run_config.json` holds
@@ -82,16 +82,21 @@ def load_streaming(chunks, get_hf, model: ModelConfig, tied: bool, progress: boo
     """Fill this rank's chunks from HF tensors, one full tensor at a time; returns the parameters loaded.
 
     Driven by the mapping's order (not the chunks'), so each full tensor is built once; HF tensors this rank does
-    not hold are stood in for by meta tensors and never read.
+    not hold are stood in for by meta tensors and never read. A tied copy this rank holds (ModernBERT's decoder
+    weight on a last pipeline stage: `Architecture.tied`) is filled from the tensor it copies.
     """
     from megatron.core import parallel_state
     from tqdm import tqdm
 
-    from mlmclm.model.hf_mapping import hf_to_megatron, iter_mappings, shard, split_of
+    from mlmclm.model.architectures import architecture, split_of
+    from mlmclm.model.hf_mapping import hf_to_megatron, iter_mappings, shard
     from mlmclm.model.weights import named_parameters_global
 
+    arch = architecture(model)
     params = dict(named_parameters_global(chunks))
-    needed = {h for name, hf_names, _ in iter_mappings(model.num_layers) if name in params for h in hf_names}
+    copies = {source: copy for copy, source in arch.tied.items() if copy in params}
+    needed = {h for name, hf_names, _ in iter_mappings(model.num_layers, arch.mappings)
+              if name in params or name in copies for h in hf_names}
 
     def get(name: str) -> torch.Tensor:
         # Untie: the LM head starts as a copy of the input embedding.
@@ -103,17 +108,19 @@ def load_streaming(chunks, get_hf, model: ModelConfig, tied: bool, progress: boo
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     loaded = 0
-    total = sum(1 for _ in iter_mappings(model.num_layers))
-    stream = hf_to_megatron(get, model, model.padded_vocab_size(tp_size))
+    total = sum(1 for _ in iter_mappings(model.num_layers, arch.mappings))
+    stream = hf_to_megatron(get, model, model.padded_vocab_size(tp_size), arch.mappings)
     for name, full in tqdm(stream, total=total, desc="import", unit="tensor", disable=not progress):
-        param = params.pop(name, None)
-        if param is None:
-            continue
-        piece = shard(full, split_of(name), tp_size, tp_rank)
-        if piece.shape != param.shape:
-            raise ValueError(f"{name}: expected a TP slice of shape {tuple(param.shape)}, got {tuple(piece.shape)}")
-        param.copy_(piece.to(param.dtype))
-        loaded += param.numel()
+        for target in (name, copies.get(name)):
+            param = params.pop(target, None) if target is not None else None
+            if param is None:
+                continue
+            piece = shard(full, split_of(target), tp_size, tp_rank)
+            if piece.shape != param.shape:
+                raise ValueError(f"{target}: expected a TP slice of shape {tuple(param.shape)}, got "
+                                 f"{tuple(piece.shape)}")
+            param.copy_(piece.to(param.dtype))
+            loaded += param.numel()
     if params:
         raise ValueError(f"parameters not filled from the source: {sorted(params)[:5]}")
     return loaded
@@ -190,7 +197,8 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
     tokenizer = load_source_tokenizer(directory)  # before the (long) weight conversion: fail fast
     world = cfg.tensor_parallel * cfg.pipeline_parallel
     provenance = {"source": str(cfg.source), "resolved_path": str(directory.absolute()),
-                  "model_type": source.model_type, "tied_embeddings_untied": source.tied_embeddings,
+                  "model_type": source.model_type,
+                  "tied_embeddings_untied": source.tied_embeddings and not _tied(model),
                   "source_dtype": source.dtype, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "tool": "mlmclm.convert.from_hf"}
     with staged_output(cfg.output, cfg.force) as staging:
@@ -216,9 +224,10 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
         (iter_dir / ckpt.TRAIN_STATE).write_text(json.dumps(train_state, indent=2, sort_keys=True))
         (root / ckpt.LATEST_FILE).write_text(str(ITERATION))
         size = dir_size(staging)
-    # Every HF tensor once, plus the LM head (a copy of the embedding when the source tied them).
+    # Every HF tensor once, plus an untied LM head (a copy of the embedding when the source tied them).
     num_params = sum(int(torch.Size(weights.shape(n)).numel()) for n in _hf_names(model))
-    num_params += model.vocab_size * model.hidden_size
+    if not _tied(model):
+        num_params += model.vocab_size * model.hidden_size
     return ImportSummary(
         source=str(cfg.source), output=str(cfg.output), checkpoint=str(cfg.output / "checkpoints" / iter_dir.name),
         model_type=source.model_type, num_parameters=num_params, dtype=cfg.dtype,
@@ -228,6 +237,14 @@ def convert_from_hf(cfg: ImportConfig) -> ImportSummary:
 
 
 def _hf_names(model: ModelConfig) -> list[str]:
+    from mlmclm.model.architectures import mapping_table
     from mlmclm.model.hf_mapping import iter_mappings
 
-    return [h for _, hs, _ in iter_mappings(model.num_layers) for h in hs if h != "lm_head.weight"]
+    return [h for _, hs, _ in iter_mappings(model.num_layers, mapping_table(model)) for h in hs
+            if h != "lm_head.weight"]
+
+
+def _tied(model: ModelConfig) -> bool:
+    from mlmclm.model.architectures import architecture
+
+    return architecture(model).tied_embeddings

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from mlmclm.bounded_read import FileRefusedError, check_regular_file, read_regular_json
-from mlmclm.convert.hf_config import SourceModel, UnsupportedModelError, model_config_from_hf
+from mlmclm.convert.architecture_config import model_config_from_hf
+from mlmclm.convert.hf_config import SourceModel, UnsupportedModelError
 from mlmclm.pickled_weights import load_plain_tensors
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -135,23 +136,28 @@ def load_source(directory: Path, make_vocab_divisible_by: int = 128) -> tuple[So
                           f"{type(err).__name__}: {err}") from err
     source = model_config_from_hf(hf_config, directory.name, make_vocab_divisible_by)
     weights = HFWeights(directory)
-    biases = [n for n in weights.names() if n.endswith(".bias")]
+    from mlmclm.model.architectures import mapping_table
+    from mlmclm.model.hf_mapping import iter_mappings
+
+    table = mapping_table(source.model)
+    wanted = {h for _, hs, _ in iter_mappings(source.model.num_layers, table) for h in hs}
+    biases = sorted(n for n in weights.names() if n.endswith(".bias") and n not in wanted)
     if biases:
         raise UnsupportedModelError(f"{directory}: attention/MLP biases are not supported (our blocks have no linear "
                                     f"biases); found {len(biases)} bias tensors, e.g. {biases[0]}")
-    from mlmclm.model.hf_mapping import iter_mappings
-
-    wanted = {h for _, hs, _ in iter_mappings(source.model.num_layers) for h in hs}
     if source.tied_embeddings:
         wanted.discard("lm_head.weight")
     missing = sorted(wanted - set(weights.names()))
     if missing:
-        hint = " (a base model without an LM head?)" if missing == ["lm_head.weight"] else ""
+        hint = " (a base model without an LM head?)" if missing in (["lm_head.weight"], ["decoder.bias"]) else ""
         raise SourceError(f"{directory}: {len(missing)} tensors are missing, e.g. {missing[:3]}{hint}")
-    rows = weights.shape("model.embed_tokens.weight")[0]
+    embedding = next(hs[0] for name, hs, _ in iter_mappings(source.model.num_layers, table)
+                     if name == "embedding.word_embeddings.weight")
+    rows = weights.shape(embedding)[0]
     if rows != source.model.vocab_size:
-        raise SourceError(f"{directory}: embed_tokens has {rows} rows but config vocab_size is "
+        raise SourceError(f"{directory}: {embedding} has {rows} rows but config vocab_size is "
                           f"{source.model.vocab_size}")
-    ignored = sorted(n for n in set(weights.names()) - wanted - {"lm_head.weight"}
+    # a tied decoder's weight, when a file carries it, is the embedding: not read
+    ignored = sorted(n for n in set(weights.names()) - wanted - {"lm_head.weight", "decoder.weight"}
                      if not n.endswith(_IGNORED_SUFFIXES))
     return source, weights, ignored

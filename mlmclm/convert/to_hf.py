@@ -1,4 +1,5 @@
-"""Export a megatron dist checkpoint (any TP/PP/VPP/DP layout) as a Hugging Face EuroBERT directory.
+"""Export a megatron dist checkpoint (any TP/PP/VPP/DP layout) as a native Hugging Face EuroBERT or ModernBERT
+directory (`EuroBertForMaskedLM`, `ModernBertForMaskedLM`: no remote code).
 
 Tensors are streamed: each one is read from the torch_dist files (only its own saved chunks), split by the
 mapping table, cast, and written straight into safetensors; memory holds about one tensor, not the model.
@@ -14,13 +15,14 @@ import torch
 from tqdm import tqdm
 
 from mlmclm.convert.dist_reader import CheckpointReadError, DistCheckpointReader
-from mlmclm.convert.hf_config import eurobert_config, rope_parameters
+from mlmclm.convert.architecture_config import HF_CLASSES, hf_config, rope_parameters
 from mlmclm.convert.output import SafetensorsStreamWriter, check_output, dir_size, staged_output
 from mlmclm.convert.remote_code_hooks import strip_remote_code_hooks
 from mlmclm.convert.verify import DEFAULT_VERIFY_LENGTH, VerificationError, verify_export
 from mlmclm.export.sentence_transformers import SentenceTransformerLayout, write_sentence_transformer_files
 from mlmclm.model.config import ModelConfig
 from mlmclm.output_apart import check_output_apart
+from mlmclm.model.architectures import mapping_table
 from mlmclm.model.hf_mapping import COLUMNS, GATE_UP, QKV, REPLICATED, ROWS, iter_mappings, megatron_to_hf
 from mlmclm.train import checkpoint as ckpt
 from mlmclm.train.config import PHASE_MODEL_FIELDS
@@ -116,9 +118,9 @@ def expected_shape(name: str, split: str, cfg: ModelConfig) -> tuple:
     """Full (TP=1) shape of a megatron tensor; None in place of the padded vocabulary size."""
     h, d = cfg.hidden_size, cfg.head_dim
     if split == REPLICATED:
-        return (h,)
+        return (h, h) if name.endswith("head_dense") else (h,)  # ModernBERT's head dense layer is replicated
     if split == ROWS:
-        return (None, h)
+        return (None,) if name.endswith(".bias") else (None, h)
     if split == QKV:
         return ((cfg.num_attention_heads + 2 * cfg.num_kv_heads) * d, h)
     if split == GATE_UP:
@@ -130,7 +132,7 @@ def expected_shape(name: str, split: str, cfg: ModelConfig) -> tuple:
 
 def check_tensors(reader: DistCheckpointReader, cfg: ModelConfig) -> None:
     """Every tensor of the model is in the checkpoint with the shape the saved config says."""
-    for name, _, split in iter_mappings(cfg.num_layers):
+    for name, _, split in iter_mappings(cfg.num_layers, mapping_table(cfg)):
         try:
             shape = reader.shape(name)
         except CheckpointReadError as err:
@@ -209,12 +211,15 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
         rows.append(f"| {i} | {p.get('name') or kind} | {kind.upper()} | {length}{'; ' + raised if raised else ''} |")
     kinds = {(p.get("objective") or {}).get("kind") for p in phases}
     converted = rc.get("converted_from")
+    family = {"eurobert": "EuroBERT", "modernbert": "ModernBERT"}[m.architecture]
+    windows = (f"; {m.layer_types.count('local')} local layers (window {m.local_attention}, RoPE θ "
+               f"{m.local_rope_theta:g})" if m.is_modernbert else "")
     lines = [
-        "---", "library_name: transformers", "pipeline_tag: fill-mask", "tags: [eurobert, mlmclm]", "---", "",
-        f"# {run} — iteration {ts.get('iteration')}", "",
-        f"EuroBERT-architecture encoder exported from the mlmclm checkpoint `{source.path.name}` of run `{run}`.", "",
+        "---", "library_name: transformers", "pipeline_tag: fill-mask", f"tags: [{m.architecture}, mlmclm]", "---",
+        "", f"# {run} — iteration {ts.get('iteration')}", "",
+        f"{family}-architecture encoder exported from the mlmclm checkpoint `{source.path.name}` of run `{run}`.", "",
         f"- shape: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads "
-        f"({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}",
+        f"({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}{windows}",
         f"- RoPE: {json.dumps(rope_parameters(m))}, max positions {m.max_position_embeddings}",
         f"- steps: {ts.get('iteration')} of {total}; tokens seen: {ts.get('consumed_tokens')}",
         f"- phase at this checkpoint: {ts.get('phase_name')} (index {ts.get('phase_index')})",
@@ -240,8 +245,9 @@ def model_card(source: SourceCheckpoint, tokenizer_name: str, dtype: str) -> str
                     f"{v.get('val/mlm/loss', float('nan')):.4f} |" for v in held_out)]
     if "clm" in kinds or (converted and converted.get("model_type") == "llama"):
         lines += ["", "Part of this model's training used a causal (CLM) objective. It is exported, like every "
-                      "checkpoint, as a bidirectional EuroBERT encoder: Hugging Face's EuroBERT attends in both "
-                      "directions, which is how the EuroBERT paper fine-tunes CLM-trained checkpoints."]
+                      f"checkpoint, as a bidirectional {family} encoder: Hugging Face's `{HF_CLASSES[m.architecture]}` "
+                      "attends in both directions, which is how CLM-trained checkpoints are fine-tuned (the EuroBERT "
+                      "paper, the CLM detour)."]
     lines += ["", "Load with `AutoModelForMaskedLM.from_pretrained(path)` and `AutoTokenizer.from_pretrained(path)` "
                   "(no remote code).", ""]
     return "\n".join(lines)
@@ -268,18 +274,19 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
     model = source.model
     dtype = TORCH_DTYPES[cfg.dtype]
     # The mapping on meta tensors gives every HF name and shape, in write order, without reading data.
+    table = mapping_table(model)
     plan = [(n, tuple(t.shape)) for n, t in megatron_to_hf(
-        lambda name: torch.empty(reader.shape(name), device="meta"), model)]
+        lambda name: torch.empty(reader.shape(name), device="meta"), model, table)]
     with staged_output(cfg.output, cfg.force) as staging:
         writer = SafetensorsStreamWriter(staging, plan, dtype, cfg.max_shard_bytes)
-        tensors = megatron_to_hf(reader.read, model)
+        tensors = megatron_to_hf(reader.read, model, table)
         for name, tensor in tqdm(tensors, total=len(plan), desc="export", unit="tensor", disable=not cfg.progress):
             if not bool(torch.isfinite(tensor).all()):  # a NaN model computes nothing: never published as one
                 raise CheckpointReadError(f"{source.path}: tensor {name} holds NaN or infinity: refusing to export "
                                           f"a model that cannot compute (nothing was written to {cfg.output})")
             writer.write(name, tensor)
         files = writer.close()
-        eurobert_config(model, identity, cfg.dtype).save_pretrained(str(staging))
+        hf_config(model, identity, cfg.dtype).save_pretrained(str(staging))
         mask_absorbs_space(tok)
         if cfg.sentence_transformers is not None and tok.pad_token is None:
             tok.pad_token = tok.eos_token  # sentence-transformers pads; our evaluation pads with the EOS so too
@@ -306,7 +313,7 @@ def convert_to_hf(cfg: ExportConfig) -> ExportSummary:
 
 def export_checkpoint(checkpoint_dir: Path, output_dir: Path, *, dtype: str = "fp32", force: bool = False,
                       verify: bool = False, progress: bool = False) -> Path:
-    """Export one checkpoint to `output_dir` (HF EuroBERT); returns `output_dir`. Used by the evaluation code."""
+    """Export one checkpoint to `output_dir` (native HF model); returns `output_dir`. Used by the evaluation code."""
     convert_to_hf(ExportConfig(checkpoint_dir, output_dir, dtype=dtype, force=force, verify=verify,
                                progress=progress))
     return Path(output_dir)

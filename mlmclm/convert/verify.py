@@ -6,7 +6,8 @@ against the checkpoint's (a corrupted row of a token the sample never uses, or a
 named — logits only say "something differs", and miss rows they never touch); and the logits of our megatron model
 vs the HF model on the same inputs (catches a wrong mapping, which the tensor check shares with the export). The
 logits run in a fresh 1-rank process (megatron needs its parallel state; the caller's process stays clean) and are
-always bidirectional: HF EuroBERT has no causal mode, so CLM-trained checkpoints are compared as encoders too.
+always bidirectional: HF EuroBERT and ModernBERT have no causal mode, so CLM-trained checkpoints are compared as
+encoders too.
 """
 from __future__ import annotations
 
@@ -111,12 +112,29 @@ def check_config(hf_dir: Path, model: ModelConfig, special_ids: dict, dtype: str
     """config.json, as transformers loads it, describes `model` with the tokenizer's special ids."""
     from transformers import AutoConfig
 
-    from mlmclm.convert.hf_config import DTYPES, rope_parameters
-
     try:
         hf = AutoConfig.from_pretrained(str(hf_dir), trust_remote_code=False)
     except Exception as err:
         raise VerificationError(f"config.json cannot be loaded: {type(err).__name__}: {err}") from err
+    want = _expected_config(model, special_ids, dtype)
+    rope = getattr(hf, "rope_parameters", None) or {}
+    got = {k: (rope.get(k.split(".", 1)[1]) if k.startswith("rope_parameters.") else getattr(hf, k, None))
+           for k in want}
+    got["dtype"] = str(got["dtype"]).removeprefix("torch.") if got["dtype"] is not None else None
+    wrong = [f"{k}: {got[k]!r} (written) != {v!r} (checkpoint)" for k, v in want.items() if got[k] != v]
+    if wrong:
+        raise VerificationError(f"config.json differs from the checkpoint's model: {'; '.join(wrong)}")
+
+
+def _expected_config(model: ModelConfig, special_ids: dict, dtype: str) -> dict:
+    """The config fields (`rope_parameters.KEY` for RoPE's) the export must have written for `model`."""
+    from mlmclm.convert.hf_config import DTYPES, rope_parameters
+    from mlmclm.convert.modernbert_config import modernbert_fields
+
+    if model.is_modernbert:
+        fields = modernbert_fields(model, special_ids, dtype)
+        rope = fields.pop("rope_parameters")
+        return {"model_type": "modernbert", **fields, **{f"rope_parameters.{k}": v for k, v in rope.items()}}
     want = {"model_type": "eurobert", "architectures": ["EuroBertForMaskedLM"], "vocab_size": model.vocab_size,
             "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
             "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
@@ -127,13 +145,7 @@ def check_config(hf_dir: Path, model: ModelConfig, special_ids: dict, dtype: str
             "pad_token_id": special_ids.get("pad_id"), "mask_token_id": special_ids.get("mask_id"),
             "dtype": DTYPES[dtype]}
     want.update({f"rope_parameters.{k}": v for k, v in rope_parameters(model).items()})
-    rope = getattr(hf, "rope_parameters", None) or {}
-    got = {k: (rope.get(k.split(".", 1)[1]) if k.startswith("rope_parameters.") else getattr(hf, k, None))
-           for k in want}
-    got["dtype"] = str(got["dtype"]).removeprefix("torch.") if got["dtype"] is not None else None
-    wrong = [f"{k}: {got[k]!r} (written) != {v!r} (checkpoint)" for k, v in want.items() if got[k] != v]
-    if wrong:
-        raise VerificationError(f"config.json differs from the checkpoint's model: {'; '.join(wrong)}")
+    return want
 
 
 def check_tensors(checkpoint: Path, hf_dir: Path, model: ModelConfig, dtype: str) -> None:
@@ -145,6 +157,7 @@ def check_tensors(checkpoint: Path, hf_dir: Path, model: ModelConfig, dtype: str
 
     from mlmclm.convert.dist_reader import DistCheckpointReader
     from mlmclm.convert.hf_source import HFWeights, SourceError
+    from mlmclm.model.architectures import mapping_table
     from mlmclm.model.hf_mapping import megatron_to_hf
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
@@ -154,7 +167,7 @@ def check_tensors(checkpoint: Path, hf_dir: Path, model: ModelConfig, dtype: str
         raise VerificationError(str(err)) from err
     reader = DistCheckpointReader(checkpoint)
     expected, wrong = set(), []
-    for name, want in megatron_to_hf(reader.read, model):
+    for name, want in megatron_to_hf(reader.read, model, mapping_table(model)):
         expected.add(name)
         if name not in written:
             continue  # reported with the missing names below

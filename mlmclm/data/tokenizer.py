@@ -131,16 +131,20 @@ def vocab_hash(tokenizer) -> str:
 
 
 def tokenizer_identity(tokenizer) -> dict:
-    """What makes token ids comparable: compare `vocab_hash` (and the special ids), not `name`."""
+    """What makes token ids comparable: compare `vocab_hash` (and the special ids), not `name`.
+
+    A BERT-style tokenizer without BOS/EOS tokens (ModernBERT's: [CLS] opens, [SEP] closes) gives its CLS and SEP
+    ids those roles: documents are then packed [CLS] … [SEP], as ModernBERT frames its inputs."""
     name = str(getattr(tokenizer, "name_or_path", "") or "")
     if name and Path(name).is_dir():
         name = Path(name).name  # a cache path differs between machines; its last part does not
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     return {
         "name": name,
         "vocab_hash": vocab_hash(tokenizer),
         "vocab_size": len(tokenizer),
-        "bos_id": tokenizer.bos_token_id,
-        "eos_id": tokenizer.eos_token_id,
+        "bos_id": bos if bos is not None else getattr(tokenizer, "cls_token_id", None),
+        "eos_id": eos if eos is not None else getattr(tokenizer, "sep_token_id", None),
         "mask_id": tokenizer.mask_token_id,
         "pad_id": tokenizer.pad_token_id,
     }

@@ -1,4 +1,4 @@
-"""EuroBERT on megatron-core: config presets, layer specs, builder, HF weight mapping."""
+"""The encoders on megatron-core (EuroBERT, ModernBERT): config presets, layer specs, builder, HF weight mapping."""
 from mlmclm.model.build import build_model, is_causal, set_causal
 from mlmclm.model.config import PRESETS, ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig

@@ -1,22 +1,22 @@
-"""Build EuroBERT as megatron-core `GPTModel` chunks; switch its attention between causal and bidirectional."""
+"""Build the model (EuroBERT or ModernBERT) as megatron-core `GPTModel` chunks; switch its attention between causal
+and bidirectional. What differs between the architectures comes from `mlmclm.model.architectures`."""
 from __future__ import annotations
 
 import logging
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from mlmclm.model.architectures import architecture
 from mlmclm.model.config import ModelConfig
 from mlmclm.model.document_attention import check_local_packed_attention
 from mlmclm.model.fusions import fusion_flags
 from mlmclm.model.precision import (PrecisionConfig, attention_layout_name, fp8_attention_here, fp8_recipe_error,
                                     installed_te_version, transformer_engine_available)
-from mlmclm.model.spec import block_spec
 from mlmclm.parallel import runtime
 from mlmclm.parallel.runtime import ParallelConfig, current_device
 
@@ -56,6 +56,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
                          f"which is off here ({fusions.apply_rope_fusion.reason}): megatron's unfused THD RoPE "
                          "synchronises with the host in every layer. Keep fused_kernels on with a TE that has "
                          "fused_apply_rotary_pos_emb_thd")
+    # The architecture's own settings (norm, activation, windows) win over the fusions' defaults.
+    kernels = {**fusions.config_kwargs(), **architecture(model).config_kwargs(model)}
     return TransformerConfig(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -63,10 +65,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         num_query_groups=model.num_kv_heads,
         ffn_hidden_size=model.ffn_hidden_size,
         kv_channels=model.head_dim,
-        normalization="RMSNorm",
         layernorm_epsilon=model.norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=False,
         hidden_dropout=0.0,
@@ -84,7 +83,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, precision: 
         fp8_recipe=precision.fp8_recipe,
         **precision.fp8_scaling_kwargs(),
         fp8_dot_product_attention=fp8_attention,
-        **fusions.config_kwargs(),
+        **kernels,
         attention_softmax_in_fp32=True,
         # Losses are token sums; megatron divides gradients by the global batch's token count (DP- and
         # micro-batch-invariant). DDP reads this when it is built, so it belongs here.
@@ -121,24 +120,26 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     model.validate_layout(parallel)
     use_te = resolve_use_te(use_te)
     config = transformer_config(model, parallel, precision, use_te, fused_kernels, deterministic, packed_segments)
+    arch = architecture(model)
     vpp = parallel.virtual_pipeline_parallel
     stages = range(vpp) if vpp else [None]
     chunks = []
     for vp_stage in stages:
         gpt = GPTModel(
             config=config,
-            transformer_layer_spec=block_spec(config, use_te, vp_stage),
+            transformer_layer_spec=arch.block_spec(model, config, use_te, vp_stage),
             vocab_size=model.padded_vocab_size(parallel.tensor_parallel),
             max_sequence_length=model.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            share_embeddings_and_output_weights=False,
+            share_embeddings_and_output_weights=arch.tied_embeddings,
             position_embedding_type="rope",
             rotary_base=model.rope_theta,
             rope_scaling=bool(model.rope_scaling),
             rope_scaling_factor=float((model.rope_scaling or {}).get("factor", 8.0)),
             vp_stage=vp_stage,
         )
+        arch.finish(gpt, model)
         gpt.rope_theta = float(model.rope_theta)  # mlmclm.model.rope switches it in place
         gpt.uses_transformer_engine = use_te  # per-document attention: THD with TE, a mask with local layers
         gpt.packed_segments = packed_segments
@@ -184,14 +185,18 @@ def set_causal(chunks, causal: bool) -> None:
     the mask given to it (`fusions/fused_softmax.py`, megatron-core 0.19), so CLM would attend across samples. Its
     mask type is then `padding` — the masked kernel, or the torch softmax, applies our mask, causal triangle
     included — while the attention's own `attn_mask_type` (unused by local attention) still says which phase it is.
+    Local layers with a window (ModernBERT's, mlmclm/model/modernbert/attention.py) always pass their own mask,
+    causal triangle included: their softmax is `padding` in both phases. TE's attention takes its window per phase:
+    (w, 0) causal, (w, w) bidirectional, w = -1 (unbounded) on global layers.
     """
     mask_type = AttnMaskType.causal if causal else AttnMaskType.no_mask
     for chunk in chunks:
-        softmax_type = AttnMaskType.padding if getattr(chunk, "mask_carries_causality", False) else mask_type
         for module in chunk.modules():
             if isinstance(module, FusedScaleMaskSoftmax):
                 # The local softmax keeps its own copy and builds the causal mask from it.
-                module.attn_mask_type = softmax_type
+                own_mask = getattr(chunk, "mask_carries_causality", False) or \
+                    getattr(module, "mask_carries_causality", False)
+                module.attn_mask_type = AttnMaskType.padding if own_mask else mask_type
                 module.phase_is_causal = causal
             elif isinstance(getattr(module, "attn_mask_type", None), AttnMaskType):
                 module.attn_mask_type = mask_type
@@ -200,7 +205,9 @@ def set_causal(chunks, causal: bool) -> None:
                 # layer's mask type at each call, but the window would stay the build's, which TE then corrects
                 # with a warning (`check_set_window_size`). Set both to what a layer built for this phase holds.
                 module.attn_mask_type = "causal" if causal else "no_mask"
-                module.window_size = (-1, 0) if causal else (-1, -1)
+                window = getattr(module, "mlmclm_half_window", None)
+                left = -1 if window is None else window
+                module.window_size = (left, 0) if causal else (left, left)
 
 
 def is_causal(chunks) -> bool:

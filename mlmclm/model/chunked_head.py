@@ -62,9 +62,9 @@ def validate_chunk_tokens(value) -> int:
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                                  token_weights: torch.Tensor | None, chunk_tokens: int, group,
-                                 fuse_wgrad: bool = False):
+                                 fuse_wgrad: bool = False, bias: torch.Tensor | None = None):
     """loss, losses, correct = chunked_linear_cross_entropy(hidden [n, h], weight [v/tp, h], labels [n],
-    token_weights [n] or None, chunk_tokens, group, fuse_wgrad=False)
+    token_weights [n] or None, chunk_tokens, group, fuse_wgrad=False, bias=None)
 
     `loss` is Σ token_weights × per-token cross entropy (fp32, 0-dim; token_weights None = all 1), the only
     differentiable output: its gradient in `hidden` and `weight` is computed in this forward, when grad is enabled
@@ -72,14 +72,17 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     rank's vocabulary shard (rows `rank * v/tp` onwards), `labels` global token ids. The caller makes `hidden` the
     same on every rank of `group` and sums its gradient over them (the TP region). `fuse_wgrad`: megatron's
     gradient-accumulation fusion (mlmclm.model.wgrad_fusion) — the weight gradient is accumulated in fp32 with
-    apex's kernel and added into `weight.main_grad` in the backward, never rounded to the weight's dtype."""
+    apex's kernel and added into `weight.main_grad` in the backward, never rounded to the weight's dtype. `bias`
+    [v/tp] (ModernBERT's decoder bias; this rank's shard) is added to the logits; its gradient, the column sums of
+    the logits' gradient, is summed over the chunks in fp32 like the weight's."""
     if token_weights is not None and token_weights.shape != labels.shape:
         raise ValueError(f"token_weights {tuple(token_weights.shape)} must match labels {tuple(labels.shape)}")
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _ChunkedLinearCE.apply(hidden, weight, labels, token_weights, chunk_tokens, group, fuse_wgrad)
+    trainable = [t for t in (hidden, weight, bias) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in trainable):
+        return _ChunkedLinearCE.apply(hidden, weight, labels, token_weights, chunk_tokens, group, fuse_wgrad, bias)
     with torch.no_grad():
-        loss, losses, correct, _, _ = _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens, group,
-                                                    need_hidden=False, need_weight=False, fuse_wgrad=False)
+        loss, losses, correct, _, _, _ = _chunk_passes(hidden, weight, bias, labels, token_weights, chunk_tokens,
+                                                       group, need=(False, False, False), fuse_wgrad=False)
     return loss, losses, correct
 
 
@@ -87,12 +90,13 @@ class _ChunkedLinearCE(torch.autograd.Function):
     """The gradients, made in the forward and saved (not the inputs); the backward scales them."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, chunk_tokens: int, group, fuse_wgrad: bool):
-        loss, losses, correct, grad_hidden, grad_weight = _chunk_passes(
-            hidden, weight, labels, token_weights, chunk_tokens, group,
-            need_hidden=ctx.needs_input_grad[0], need_weight=ctx.needs_input_grad[1], fuse_wgrad=fuse_wgrad)
-        ctx.save_for_backward(grad_hidden, grad_weight)
+    def forward(ctx, hidden, weight, labels, token_weights, chunk_tokens: int, group, fuse_wgrad: bool, bias):
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[7])
+        loss, losses, correct, grad_hidden, grad_weight, grad_bias = _chunk_passes(
+            hidden, weight, bias, labels, token_weights, chunk_tokens, group, need=need, fuse_wgrad=fuse_wgrad)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
         # The parameter itself, not saved for backward: megatron's fused linear keeps its main_grad in ctx too.
         ctx.fused_weight = weight if fuse_wgrad else None
         ctx.mark_non_differentiable(losses, correct)
@@ -100,7 +104,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_losses, _grad_correct):
-        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         # Scaled out of place: the saved gradients stay as made (a retained graph's second backward reads them
         # again, and the TP region's all-reduce works in place on what we return).
         if grad_hidden is not None:
@@ -109,12 +113,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
             grad_weight = add_to_main_grad(ctx.fused_weight, grad_weight, grad_loss)
         elif grad_weight is not None:  # scaled and rounded in one pass: no second fp32 [v, h]
             grad_weight = torch.mul(grad_weight, grad_loss, out=torch.empty_like(grad_weight, dtype=ctx.weight_dtype))
-        return grad_hidden, grad_weight, None, None, None, None, None
+        if grad_bias is not None:
+            grad_bias = (grad_bias * grad_loss).to(ctx.bias_dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, grad_bias
 
 
-def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, group, need_hidden: bool,
-                  need_weight: bool, fuse_wgrad: bool):
-    """The loss, per-token losses and accuracy, and (when asked) the loss's gradients, one chunk at a time."""
+def _chunk_passes(hidden, weight, bias, labels, token_weights, chunk_tokens: int, group, need: tuple[bool, ...],
+                  fuse_wgrad: bool):
+    """The loss, per-token losses and accuracy, and the loss's gradients in (hidden, weight, bias) where `need`
+    asks for them (None elsewhere), one chunk at a time."""
+    need_hidden, need_weight, need_bias = need
     rank, world = _tp_info(group)
     shard = weight.shape[0]
     start = rank * shard
@@ -126,11 +134,14 @@ def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, grou
     grad_hidden = torch.empty_like(hidden) if need_hidden else None
     # Summed over chunks in fp32 (one rounding to the weight's dtype in the backward, as one big matmul would).
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+    grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
     chunk = _ChunkBuffers(min(chunk_tokens, n), weight)
     for lo in range(0, n, chunk_tokens):
         hi = min(lo + chunk_tokens, n)
         inputs = hidden[lo:hi]
         logits = chunk.logits(inputs, weight)  # [c, v/tp] in the compute dtype, this chunk's buffer
+        if bias is not None:
+            logits += bias  # as megatron's linear adds it: in the compute dtype
         row_max = logits.max(dim=-1).values.float()
         _all_reduce(row_max, dist.ReduceOp.MAX, group, world)
         shifted = chunk.shifted(logits, row_max)  # fp32: the logits as megatron's loss casts them, minus the max
@@ -142,7 +153,7 @@ def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, grou
         picked, total = both[0], both[1]
         losses[lo:hi] = torch.log(total) - picked
         correct[lo:hi] = (picked >= 0).float()
-        if not (need_hidden or need_weight):
+        if not any(need):
             continue
         # d(weight × loss) / d logits = weight × (softmax - one-hot) = (exp - total × one-hot) × weight / total:
         # the one-hot taken off the exponentials first, so that one scaling pass writes the gradient in the
@@ -154,8 +165,10 @@ def _chunk_passes(hidden, weight, labels, token_weights, chunk_tokens: int, grou
             torch.mm(grad, weight, out=grad_hidden[lo:hi])
         if need_weight:  # fp32-accumulating GEMM into the sum: no [v, h] product per chunk (wgrad_gemm.py)
             accumulate_wgrad(inputs, grad, grad_weight, fused=fuse_wgrad, scratch=chunk.float32)
+        if need_bias:
+            grad_bias += grad.sum(dim=0, dtype=torch.float32)
     loss = losses.sum() if token_weights is None else (losses * token_weights).sum()
-    return loss, losses, correct, grad_hidden, grad_weight
+    return loss, losses, correct, grad_hidden, grad_weight, grad_bias
 
 
 def _tp_info(group) -> tuple[int, int]:
@@ -244,6 +257,7 @@ def chunked_head_loss(*, hidden_states, output_layer, output_weight, labels, con
         if context.loss_mask is not None:
             token_weights = context.loss_mask.transpose(0, 1).reshape(-1)
     loss, _, correct = chunked_linear_cross_entropy(flat, weight, targets, token_weights, context.chunk_tokens,
-                                                    group, fuse_wgrad=fuses_wgrad(output_layer, weight))
+                                                    group, fuse_wgrad=fuses_wgrad(output_layer, weight),
+                                                    bias=output_layer.bias)
     context.correct = (correct * token_weights).sum() if token_weights is not None else correct.sum()
     return loss

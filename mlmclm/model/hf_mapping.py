@@ -1,8 +1,13 @@
-"""One declared table between megatron-core parameter names and Hugging Face EuroBERT/Llama names.
+"""Declared tables between megatron-core parameter names and Hugging Face names, and the functions that apply one.
 
-The same table serves both directions and tensor-parallel sharding. Megatron names here are those of a *full*
-model (global layer numbers, TP=1, local-layer spec); `to_te_name` / `from_te_name` translate the Transformer
-Engine spec's fused-norm names. HF EuroBERT uses Llama's parameter names, so Llama checkpoints map the same way.
+Each architecture has one table (EuroBERT/Llama's here, `MAPPINGS`; ModernBERT's in mlmclm/model/modernbert/
+hf_mapping.py; `mlmclm.model.architectures.mapping_table` picks it); the same table serves both directions and
+tensor-parallel sharding. Megatron names here are those of a *full* model (global layer numbers, TP=1, local-layer
+spec); `to_te_name` / `from_te_name` translate the Transformer Engine spec's fused-norm names. HF EuroBERT uses
+Llama's parameter names, so Llama checkpoints map the same way.
+
+An entry with several HF names fuses them along dim 0 in order (q, k, v; gate, up); an entry of kind QKV or GATE_UP
+with one HF name maps a tensor already fused that way on the HF side (ModernBERT's `Wqkv`, `Wi`).
 """
 from __future__ import annotations
 
@@ -22,11 +27,22 @@ QKV = "qkv"  # fused [q; k; v] per query group, groups split along dim 0
 GATE_UP = "gate_up"  # fused [gate; up], each half split along dim 0
 
 
+# Which layers a per-layer entry covers (ModernBERT's layer 0 has no attention norm of its own).
+ALL_LAYERS, FIRST_LAYER, LATER_LAYERS = "all", "first", "later"
+
+
 @dataclass(frozen=True)
 class ParamMapping:
     megatron: str  # with "{layer}" for per-layer entries
     hf: tuple[str, ...]  # one name, or the parts of a fused tensor in order
     split: str
+    layers: str = ALL_LAYERS  # per-layer entries: every layer, only layer 0, or every layer after it
+
+    def layer_numbers(self, num_layers: int) -> Iterable[int | None]:
+        if "{layer}" not in self.megatron:
+            return [None]
+        return {ALL_LAYERS: range(num_layers), FIRST_LAYER: range(min(1, num_layers)),
+                LATER_LAYERS: range(1, num_layers)}[self.layers]
 
 
 MAPPINGS: tuple[ParamMapping, ...] = (
@@ -73,16 +89,16 @@ def _expand(pattern: str, layer: int | None) -> str:
     return pattern.format(layer=layer) if layer is not None else pattern
 
 
-def iter_mappings(num_layers: int) -> Iterable[tuple[str, tuple[str, ...], str]]:
+def iter_mappings(num_layers: int, table: tuple[ParamMapping, ...] = MAPPINGS,
+                  ) -> Iterable[tuple[str, tuple[str, ...], str]]:
     """(megatron name, hf names, split) for every parameter of a full model."""
-    for m in MAPPINGS:
-        layers = range(num_layers) if "{layer}" in m.megatron else [None]
-        for layer in layers:
+    for m in table:
+        for layer in m.layer_numbers(num_layers):
             yield _expand(m.megatron, layer), tuple(_expand(h, layer) for h in m.hf), m.split
 
 
-def megatron_names(num_layers: int) -> list[str]:
-    return [name for name, _, _ in iter_mappings(num_layers)]
+def megatron_names(num_layers: int, table: tuple[ParamMapping, ...] = MAPPINGS) -> list[str]:
+    return [name for name, _, _ in iter_mappings(num_layers, table)]
 
 
 # --- fused tensors ---------------------------------------------------------------------------------------------
@@ -117,32 +133,40 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
+def _hf_qkv_parts(qkv: torch.Tensor, cfg: ModelConfig) -> list[torch.Tensor]:
+    """An HF tensor holding [q; k; v] (all query heads, then the KV heads' keys, then their values)."""
+    d = cfg.head_dim
+    return list(torch.split(qkv, [cfg.num_attention_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d]))
+
+
 def hf_to_megatron(get_hf: Callable[[str], torch.Tensor], cfg: ModelConfig, padded_vocab: int,
-                   ) -> Iterable[tuple[str, torch.Tensor]]:
-    """Yield full megatron tensors one at a time from an HF tensor getter (streams: no whole-model dict needed)."""
-    for name, hf_names, split in iter_mappings(cfg.num_layers):
+                   table: tuple[ParamMapping, ...] = MAPPINGS) -> Iterable[tuple[str, torch.Tensor]]:
+    """Yield full megatron tensors one at a time from an HF tensor getter (streams: no whole-model dict needed).
+    Vocabulary-split (ROWS) tensors — embedding, output layer, its bias — are padded to `padded_vocab` rows."""
+    for name, hf_names, split in iter_mappings(cfg.num_layers, table):
         parts = [get_hf(h) for h in hf_names]
         if split == QKV:
-            tensor = fuse_qkv(*parts, cfg)
+            tensor = fuse_qkv(*(parts if len(parts) == 3 else _hf_qkv_parts(parts[0], cfg)), cfg)
         elif split == GATE_UP:
             tensor = torch.cat(parts, dim=0)
         else:
             tensor = parts[0]
-        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        if split == ROWS:
             tensor = _pad_rows(tensor, padded_vocab)
         yield name, tensor
 
 
 def megatron_to_hf(get_megatron: Callable[[str], torch.Tensor], cfg: ModelConfig,
-                   ) -> Iterable[tuple[str, torch.Tensor]]:
+                   table: tuple[ParamMapping, ...] = MAPPINGS) -> Iterable[tuple[str, torch.Tensor]]:
     """Yield HF tensors one at a time from a full-megatron tensor getter; vocabulary padding is dropped."""
-    for name, hf_names, split in iter_mappings(cfg.num_layers):
+    for name, hf_names, split in iter_mappings(cfg.num_layers, table):
         tensor = get_megatron(name)
         if split == QKV:
-            yield from zip(hf_names, split_qkv(tensor, cfg))
-        elif split == GATE_UP:
+            q_k_v = split_qkv(tensor, cfg)
+            yield from zip(hf_names, q_k_v) if len(hf_names) == 3 else [(hf_names[0], torch.cat(q_k_v))]
+        elif split == GATE_UP and len(hf_names) == 2:
             yield from zip(hf_names, torch.chunk(tensor, 2, dim=0))
-        elif name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        elif split == ROWS:
             yield hf_names[0], tensor[: cfg.vocab_size]
         else:
             yield hf_names[0], tensor
@@ -150,12 +174,14 @@ def megatron_to_hf(get_megatron: Callable[[str], torch.Tensor], cfg: ModelConfig
 
 # --- tensor-parallel sharding ------------------------------------------------------------------------------------
 
-def split_of(name: str) -> str:
-    """The TP split kind of a full-megatron parameter name (local or TE naming)."""
+def split_of(name: str, tables: tuple[tuple[ParamMapping, ...], ...] = (MAPPINGS,)) -> str:
+    """The TP split kind of a full-megatron parameter name (local or TE naming), from the first of `tables` that
+    maps it (the same megatron name has the same split in every architecture's table)."""
     generic = re.sub(r"\.layers\.\d+\.", ".layers.{layer}.", from_te_name(name))
-    for m in MAPPINGS:
-        if m.megatron == generic:
-            return m.split
+    for table in tables:
+        for m in table:
+            if m.megatron == generic:
+                return m.split
     raise KeyError(f"no mapping for megatron parameter {name!r}")
 
 

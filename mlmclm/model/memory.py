@@ -21,6 +21,12 @@ The formula (bytes, per rank; P = parameters on the rank, T = tokens of the micr
              bf16 rounding) + predicted tokens × h × 4 B (the bf16 hidden-state gradient held, and its scaled copy)
     overhead = 4 GiB (CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers, allocator fragmentation)
 
+ModernBERT: its decoder is tied to the input embedding (one vocabulary matrix where both sit on one rank), its
+head adds a dense h × h layer on the last stage, and its local (windowed) layers hold the same activations per token
+as its global ones: with flash/fused attention neither keeps a T × T term, so the window changes the FLOPs
+(mlmclm.flops), not this estimate; megatron's local layers materialise the full T × T scores on windowed layers too
+(the window is a mask), which `local_attention_bytes` counts alike.
+
 Assumptions: Transformer Engine attention (flash/fused: no T × T term; megatron's local layers are refused on
 such rows, mlmclm.model.document_attention), no activation recomputation, the CLM phase's full-vocabulary head
 (MLM's sparse head predicts mask_ratio × T). Unverified on a GPU: `benchmarks/gpu_check.py` measures the peak at
@@ -68,12 +74,15 @@ class MemoryEstimate:
 
 def parameters_per_rank(model: ModelConfig, layout: RankLayout) -> int:
     """The most parameters any rank holds: its share of the layers, plus the embedding or the output layer
-    (both on one rank without pipeline parallelism)."""
+    (both on one rank without pipeline parallelism, a single matrix when they are tied: ModernBERT), and the
+    head's own weights (ModernBERT: dense h × h, norm and decoder bias)."""
     h, kv, f = model.hidden_size, model.num_kv_heads * model.head_dim, model.ffn_hidden_size
     layer = h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
     vocab = model.vocab_size * h
     tp, pp = layout.tensor_parallel, layout.pipeline_parallel
-    return (model.num_layers // pp) * layer // tp + vocab // tp * (2 if pp == 1 else 1) + h
+    matrices = 1 if pp > 1 or model.is_modernbert else 2
+    head = h * h + h + model.vocab_size // tp if model.is_modernbert else 0
+    return (model.num_layers // pp) * layer // tp + vocab // tp * matrices + h + head
 
 
 def logits_bytes(predicted_tokens: int, vocab_size: int, tensor_parallel: int) -> int:

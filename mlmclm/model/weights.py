@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from mlmclm.model.hf_mapping import from_te_name, shard, split_of, unshard
+from mlmclm.model.architectures import TIED_COPIES, split_of
+from mlmclm.model.hf_mapping import from_te_name, shard, unshard
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -40,11 +41,13 @@ def named_parameters_global(chunks) -> list[tuple[str, torch.nn.Parameter]]:
 
 @torch.no_grad()
 def load_full_weights(chunks, get_full: Callable[[str], torch.Tensor]) -> None:
-    """Copy this rank's TP slice of each full tensor (looked up by full-model name) into the chunks."""
+    """Copy this rank's TP slice of each full tensor (looked up by full-model name) into the chunks. A tied copy
+    (ModernBERT's decoder weight, held apart on a last pipeline stage) is looked up as the tensor it copies."""
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tied = any(getattr(unwrap(chunk), "share_embeddings_and_output_weights", False) for chunk in chunks)
     for name, param in named_parameters_global(chunks):
-        full = get_full(name)
+        full = get_full(TIED_COPIES.get(name, name) if tied else name)
         piece = shard(full, split_of(name), tp_size, tp_rank)
         if piece.shape != param.shape:
             raise ValueError(f"{name}: expected a TP slice of shape {tuple(param.shape)}, got {tuple(piece.shape)}")

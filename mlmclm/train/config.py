@@ -44,6 +44,10 @@ class PhaseConfig:
     # prepared at its length. None: the run's `data`. Phases naming the same data share one position in it
     # (mlmclm.train.phase_data), so a plan A → B → A reads on in A where it left off.
     data: DataConfig | None = None
+    # The learning-rate schedule starts again at this phase's first step with this curve, over the phase and the
+    # phases after it up to the next restart (the CLM detour's MLM decay: a 1-√ cooldown); the optimizer's state —
+    # AdamW's moments and step count — is kept (mlmclm.train.schedule_restarts). None: the run's curve goes on.
+    restart_schedule: ScheduleConfig | None = None
 
     def __post_init__(self):
         if self.rope_theta is not None and (isinstance(self.rope_theta, bool) or
@@ -253,7 +257,9 @@ class TrainConfig:
         if any(step > self.total_steps for step in self.checkpoint.keep_steps):
             raise ValueError(f"checkpoint.keep_steps {self.checkpoint.keep_steps} must be <= total_steps "
                              f"{self.total_steps}")
-        self.schedule.check(self.total_steps)
+        for (start, schedule), end in zip(self.schedule_spans(), self.schedule_span_ends()):
+            if schedule.warmup_tokens is None:  # in tokens: checked when the run knows its tokens per step
+                schedule.check(end - start)
         self.model.validate_layout(self.parallel)
         if self.precision.fp8 and self.precision.fp8_attention == "on" and self.packed_segments:
             raise ValueError("precision.fp8_attention: on cannot run with "
@@ -267,6 +273,21 @@ class TrainConfig:
                              "drops its FP8 fused attention in deterministic training (TE 2.2-2.12 always, newer TE "
                              "with cuDNN < 9.19) and no other backend runs FP8 attention; set precision.fp8_attention "
                              "to auto or off (attention in bf16, GEMMs still in FP8)")
+
+    def schedule_spans(self) -> list[tuple[int, ScheduleConfig]]:
+        """(first step, curve) of each span of the learning-rate schedule: the run's `schedule` from step 0, then one
+        span from each phase with a `restart_schedule`."""
+        spans = [(0, self.schedule)]
+        for index, (phase, (start, _)) in enumerate(zip(self.phases, self.phase_bounds())):
+            if phase.restart_schedule is not None:
+                if index == 0:
+                    raise ValueError("phases[0].restart_schedule: the first phase starts the run's schedule; set "
+                                     "`schedule` instead")
+                spans.append((start, phase.restart_schedule))
+        return spans
+
+    def schedule_span_ends(self) -> list[int]:
+        return [start for start, _ in self.schedule_spans()[1:]] + [self.total_steps]
 
     def worst_row_tokens(self, seq_length: int, data: DataConfig | None = None) -> int:
         """The longest row attention can see: a micro-batch of random-length samples all of the longest length

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -25,6 +25,11 @@ class OptimizerConfig:
     beta2: float = 0.95
     eps: float = 1e-5
     weight_decay: float = 0.1
+    # How `weight_decay` is read. False: torch's AdamW (each step multiplies the weights by 1 - lr × weight_decay).
+    # True: "decoupled" AdamW as Composer's DecoupledAdamW (ModernBERT's trainer) applies it, 1 - weight_decay ×
+    # lr / peak lr — the decay follows the schedule's shape but not the peak's size; run as torch's AdamW with
+    # weight_decay / lr (`torch_weight_decay`), the same update.
+    decoupled_weight_decay: bool = False
     clip_grad: float = 1.0
     distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks
     # Reduce each gradient bucket while backward still runs (megatron DDP `overlap_grad_reduce`); on in NVIDIA's
@@ -48,28 +53,64 @@ class OptimizerConfig:
             raise ValueError(f"optimizer: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"optimizer: betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if not isinstance(self.decoupled_weight_decay, bool):
+            raise ValueError(f"optimizer.decoupled_weight_decay must be true or false, got "
+                             f"{self.decoupled_weight_decay!r}")
         if not (self.clip_grad >= 0 and self.weight_decay >= 0 and self.eps > 0):
             raise ValueError(f"optimizer: clip_grad and weight_decay must be >= 0 and eps > 0, got clip_grad="
                              f"{self.clip_grad} weight_decay={self.weight_decay} eps={self.eps}")
 
 
+    @property
+    def torch_weight_decay(self) -> float:
+        """The weight decay torch's AdamW is given (see `decoupled_weight_decay`)."""
+        return self.weight_decay / self.lr if self.decoupled_weight_decay else self.weight_decay
+
+
+STYLES = ("wsd", "cosine", "linear", "constant", "cooldown")
+
+
 @dataclass
 class ScheduleConfig:
-    """Learning rate over the whole run (all phases). WSD: warmup, stable, then `decay_steps` of decay."""
+    """Learning rate over the whole run (all phases), or from a phase that restarts it (`PhaseConfig
+    .restart_schedule`) to the next restart or the run's end. WSD: warmup, stable, then `decay_steps` of decay.
+    cooldown: after any warmup, the whole span decays from lr to min_lr in `decay_shape` (the CLM detour's MLM
+    phase: a 1-√ cooldown, `decay_shape: minus_sqrt`)."""
 
-    style: Literal["wsd", "cosine", "linear", "constant"] = "wsd"
+    style: Literal["wsd", "cosine", "linear", "constant", "cooldown"] = "wsd"
     warmup_steps: int = 0
     decay_steps: int | None = None  # WSD: length of the final decay; default 10 % of the run
-    decay_shape: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"  # WSD decay shape
+    decay_shape: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"  # WSD / cooldown decay shape
+    # The warmup given in tokens (the CLM detour's 100M): made steps when the run starts, from its tokens per step
+    # (global batch × row length; random-length samples: their mean length), rounded up. Excludes warmup_steps.
+    warmup_tokens: int | None = None
 
     def __post_init__(self):
-        if self.style not in ("wsd", "cosine", "linear", "constant"):
-            raise ValueError(f"schedule.style must be wsd, cosine, linear or constant, got {self.style!r}")
+        if self.style not in STYLES:
+            raise ValueError(f"schedule.style must be one of {', '.join(STYLES)}, got {self.style!r}")
         if self.warmup_steps < 0 or (self.decay_steps is not None and self.decay_steps < 0):
             raise ValueError("schedule: warmup_steps and decay_steps must be >= 0")
+        if self.warmup_tokens is not None and (isinstance(self.warmup_tokens, bool) or
+                                               not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 1):
+            raise ValueError(f"schedule.warmup_tokens must be an integer >= 1 or null, got {self.warmup_tokens!r}")
+        if self.warmup_tokens is not None and self.warmup_steps:
+            raise ValueError("schedule: give the warmup in steps (warmup_steps) or in tokens (warmup_tokens), not both")
+        if self.style == "cooldown" and self.decay_steps is not None:
+            raise ValueError("schedule.decay_steps is for wsd: a cooldown decays over its whole span")
+
+    def in_steps(self, tokens_per_step: float | None) -> "ScheduleConfig":
+        """This schedule with a warmup given in tokens made steps (rounded up), at `tokens_per_step`."""
+        if self.warmup_tokens is None:
+            return self
+        if not tokens_per_step or tokens_per_step <= 0:
+            raise ValueError("schedule.warmup_tokens needs the run's tokens per step")
+        return replace(self, warmup_tokens=None, warmup_steps=math.ceil(self.warmup_tokens / tokens_per_step))
 
     def decay_for(self, total_steps: int) -> int:
-        """WSD's decay length in a run of `total_steps`: as configured, else 10 % of the run."""
+        """WSD's decay length in a run of `total_steps`: as configured, else 10 % of the run; a cooldown's: all of
+        it after the warmup."""
+        if self.style == "cooldown":
+            return total_steps - self.warmup_steps
         return self.decay_steps if self.decay_steps is not None else max(1, total_steps // 10)
 
     def check(self, total_steps: int) -> None:
@@ -125,7 +166,7 @@ def build_optimizer(ddp_chunks, cfg: OptimizerConfig):
         optimizer="adam",
         lr=cfg.lr,
         min_lr=cfg.min_lr,
-        weight_decay=cfg.weight_decay,
+        weight_decay=cfg.torch_weight_decay,
         adam_beta1=cfg.beta1,
         adam_beta2=cfg.beta2,
         adam_eps=cfg.eps,
@@ -139,10 +180,26 @@ def build_optimizer(ddp_chunks, cfg: OptimizerConfig):
     return optimizer
 
 
-def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int) -> OptimizerParamScheduler:
+def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int,
+                    restarts=(), tokens_per_step: float | None = None) -> OptimizerParamScheduler:
+    """megatron's scheduler over the run; with `restarts` — (step, ScheduleConfig) where phases restart it —
+    `mlmclm.train.schedule_restarts.RestartedSchedule`, one curve per span. `tokens_per_step` makes warmups given in
+    tokens steps."""
+    if restarts:
+        from mlmclm.train.schedule_restarts import RestartedSchedule
+
+        return RestartedSchedule(optimizer, opt, [(0, sched), *restarts], total_steps, tokens_per_step)
+    return scheduler_for_span(optimizer, opt, sched.in_steps(tokens_per_step), total_steps)
+
+
+def scheduler_for_span(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int
+                       ) -> OptimizerParamScheduler:
+    """megatron's OptimizerParamScheduler for one schedule over `total_steps` (warmup already in steps)."""
     sched.check(total_steps)
-    style = {"wsd": "WSD", "cosine": "cosine", "linear": "linear", "constant": "constant"}[sched.style]
+    style = {"wsd": "WSD", "cosine": "cosine", "linear": "linear", "constant": "constant",
+             "cooldown": "WSD"}[sched.style]  # a cooldown is a WSD whose decay fills the span after the warmup
     decay = sched.decay_for(total_steps)
+    wsd = sched.style in ("wsd", "cooldown")
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if sched.warmup_steps else opt.lr,
@@ -151,11 +208,11 @@ def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, tota
         lr_warmup_steps=sched.warmup_steps,
         lr_decay_steps=max(total_steps, 1),
         lr_decay_style=style,
-        start_wd=opt.weight_decay,
-        end_wd=opt.weight_decay,
+        start_wd=opt.torch_weight_decay,
+        end_wd=opt.torch_weight_decay,
         wd_incr_steps=max(total_steps, 1),
         wd_incr_style="constant",
-        wsd_decay_steps=decay if sched.style == "wsd" else None,
-        lr_wsd_decay_style=sched.decay_shape if sched.style == "wsd" else None,
+        wsd_decay_steps=decay if wsd else None,
+        lr_wsd_decay_style=sched.decay_shape if wsd else None,
     )
 

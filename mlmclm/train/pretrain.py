@@ -114,12 +114,20 @@ class _Run:
         self.ddp = wrap_ddp(self.chunks, cfg.optimizer.distributed_optimizer, cfg.optimizer.overlap_grad_reduce,
                             cfg.optimizer.overlap_param_gather)
         self.optimizer = build_optimizer(self.ddp, cfg.optimizer)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, cfg.total_steps,
+                                         restarts=cfg.schedule_spans()[1:], tokens_per_step=self._tokens_per_step())
         configure_model_for_schedules(self.ddp, self.optimizer)
         self.iteration, self.consumed_tokens, self.consecutive_nonfinite = 0, 0, 0
         self.checkpoints: list[str] = []
         self.branched_from: dict | None = None  # parent checkpoint and step, when this run is a branch
         self._restore()
+
+    def _tokens_per_step(self) -> float:
+        """What a warmup given in tokens is divided by: the first phase's rows (random-length samples: their mean
+        length) times the global batch."""
+        lengths = self.cfg.phase_data()[0].random_length
+        row = self.data.seq_length(0) if lengths is None else (lengths.min_length + lengths.max_length) / 2
+        return self.cfg.global_batch_size * row
 
     # --- start: resume this run, or initialise weights from another checkpoint -----------------------------
     def _restore(self) -> None:

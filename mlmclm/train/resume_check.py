@@ -29,7 +29,9 @@ FREE_ON_RESUME = ("run_dir", "data.path", "data.tokenizer", "data.skip_corrupt",
                   "model.name", "validation")
 
 _SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
-                 "vocab_size", "norm_eps")
+                 "vocab_size", "norm_eps", "architecture", "layer_types", "local_attention")
+# what a checkpoint saved before a field existed holds: that field's default (EuroBERT's)
+_SHAPE_DEFAULTS = {"architecture": "eurobert", "layer_types": None, "local_attention": None}
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -39,10 +41,10 @@ class IncompatibleCheckpointError(ValueError):
 def check_same_shape(saved: dict, model: ModelConfig, where: str) -> None:
     """Weights from `saved` (a checkpoint's model config) fit `model` (continued pretraining)."""
     for name in _SHAPE_FIELDS:
-        if saved.get(name) != getattr(model, name):
+        if saved.get(name, _SHAPE_DEFAULTS.get(name)) != getattr(model, name):
             raise IncompatibleCheckpointError(
-                f"{where}: model.{name} is {saved.get(name)!r} in the checkpoint but {getattr(model, name)!r} in "
-                f"this config")
+                f"{where}: model.{name} is {saved.get(name, _SHAPE_DEFAULTS.get(name))!r} in the checkpoint but "
+                f"{getattr(model, name)!r} in this config")
 
 
 def _flatten(value, prefix: str = "") -> dict:
