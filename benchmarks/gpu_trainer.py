@@ -28,7 +28,8 @@ from mlmclm.model.document_attention import DocumentLayout, attention_layout
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import ObjectiveConfig, build_objective
 from mlmclm.parallel import ParallelConfig, current_device
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, wrap_ddp
+from mlmclm.train.schedule_restarts import build_scheduler
 from mlmclm.train.signals import StopRequest
 from mlmclm.train.step import ManualGC, configure_model_for_schedules, train_step
 

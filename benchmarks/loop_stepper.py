@@ -24,7 +24,8 @@ def loop_stepper(shape, data_path: str, batch: int, seq: int, chunk_tokens: int,
     from mlmclm.model import build_model
     from mlmclm.parallel import ParallelConfig, current_device, init_parallel
     from mlmclm.train.config import TrainConfig
-    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, wrap_ddp
+    from mlmclm.train.schedule_restarts import build_scheduler
     from mlmclm.train.phase_data import PhaseLoaders
     from mlmclm.train.prefetch import StepBatches
     from mlmclm.train.step import configure_model_for_schedules, train_step

@@ -132,7 +132,8 @@ def shared_weights(cfg: BenchConfig):
 def ours_stepper(cfg: BenchConfig, sparse_head: bool = True, head_chunk_tokens: int = 0, causal: bool = False):
     from mlmclm.model import build_model
     from mlmclm.parallel import ParallelConfig, init_parallel
-    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, wrap_ddp
+    from mlmclm.train.schedule_restarts import build_scheduler
     from mlmclm.train.step import configure_model_for_schedules, train_step
 
     shape = model_config(cfg)

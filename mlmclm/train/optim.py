@@ -180,18 +180,6 @@ def build_optimizer(ddp_chunks, cfg: OptimizerConfig):
     return optimizer
 
 
-def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int,
-                    restarts=(), tokens_per_step: float | None = None) -> OptimizerParamScheduler:
-    """megatron's scheduler over the run; with `restarts` — (step, ScheduleConfig) where phases restart it —
-    `mlmclm.train.schedule_restarts.RestartedSchedule`, one curve per span. `tokens_per_step` makes warmups given in
-    tokens steps."""
-    if restarts:
-        from mlmclm.train.schedule_restarts import RestartedSchedule
-
-        return RestartedSchedule(optimizer, opt, [(0, sched), *restarts], total_steps, tokens_per_step)
-    return scheduler_for_span(optimizer, opt, sched.in_steps(tokens_per_step), total_steps)
-
-
 def scheduler_for_span(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int
                        ) -> OptimizerParamScheduler:
     """megatron's OptimizerParamScheduler for one schedule over `total_steps` (warmup already in steps)."""

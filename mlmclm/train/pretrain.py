@@ -20,7 +20,8 @@ from mlmclm.train.data_fit import check_data_fits_model
 from mlmclm.train.determinism import enable_determinism
 from mlmclm.train.finite_weights import check_finite_weights
 from mlmclm.train.logger import MetricsLogger, rewind_metrics
-from mlmclm.train.optim import build_optimizer, build_scheduler, params_in_sync, wrap_ddp
+from mlmclm.train.optim import build_optimizer, params_in_sync, wrap_ddp
+from mlmclm.train.schedule_restarts import build_scheduler
 from mlmclm.train.phase_data import PhaseLoaders, padding
 from mlmclm.train.prefetch import StepBatches
 from mlmclm.train.resume_check import check_resume_from, check_same_shape

@@ -1,4 +1,5 @@
-"""A learning-rate schedule that phases restart, while the optimizer's state carries on.
+"""The run's learning-rate scheduler (`build_scheduler`): megatron's, or one that phases restart while the
+optimizer's state carries on.
 
 The CLM detour's second phase (recipes/detour.py) keeps AdamW's moments and step count from the first and restarts
 only the scheduler: a new curve (a 1-√ cooldown) from the phase's first step. `RestartedSchedule` is megatron's
@@ -46,3 +47,13 @@ class RestartedSchedule(OptimizerParamScheduler):
         start, curve = self.span_at(self.num_steps)
         curve.num_steps = self.num_steps - start
         return curve.get_lr(param_group)
+
+
+def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int,
+                    restarts=(), tokens_per_step: float | None = None) -> OptimizerParamScheduler:
+    """megatron's scheduler over the run; with `restarts` — (step, ScheduleConfig) where phases restart it —
+    `RestartedSchedule`, one curve per span. `tokens_per_step` makes warmups given in tokens steps. Here, not in
+    mlmclm.train.optim, which RestartedSchedule imports (no import circle)."""
+    if restarts:
+        return RestartedSchedule(optimizer, opt, [(0, sched), *restarts], total_steps, tokens_per_step)
+    return scheduler_for_span(optimizer, opt, sched.in_steps(tokens_per_step), total_steps)

@@ -77,7 +77,8 @@ def save_training_checkpoint(hf_dir: str, run_dir: str, tokenizer_dir: str, tp: 
     from mlmclm.model.weights import load_full_weights
     from mlmclm.parallel import ParallelConfig, destroy_parallel, init_parallel
     from mlmclm.train.checkpoint import save_checkpoint
-    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, wrap_ddp
+    from mlmclm.train.schedule_restarts import build_scheduler
 
     parallel = ParallelConfig(tensor_parallel=tp, pipeline_parallel=pp)
     init_parallel(parallel, seed=1)

@@ -104,6 +104,23 @@ def test_list_prices_the_suite_per_model_in_gpu_hours_and_wall_time(tiny_model_d
     assert "training rows assumed (no --data-root): conll2003 14,041" in text
 
 
+def test_a_modernbert_model_is_priced_with_its_local_layers_windows():
+    """A ModernBERT config.json (transformers' own fields): its local layers attend to a window, so a long row costs
+    less than the same shape attending to the whole row on every layer; the old shape had no local layers and
+    `grid --list` ended in an AttributeError on every model (flops reads them since ModernBERT, issue 57)."""
+    from transformers import ModernBertConfig
+
+    config = ModernBertConfig(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, intermediate_size=384,
+                              local_attention=16, global_attn_every_n_layers=3).to_dict()
+    shape = EncoderShape.from_hf_config(config)
+    assert shape.local_layers() == [False, True, True, False, True, True] and shape.half_window == 8
+    older = {key: value for key, value in config.items() if key != "layer_types"}  # transformers 4's fields
+    assert EncoderShape.from_hf_config(older).local_layers() == shape.local_layers()
+    every_layer_global = EncoderShape(256, 6, 4, 64, 384)
+    assert training_flops(shape, 1, 1, 512) < training_flops(every_layer_global, 1, 1, 512)
+    assert training_flops(shape, 1, 1, 8) == training_flops(every_layer_global, 1, 1, 8)  # rows inside the window
+
+
 def test_progress_is_a_line_per_finished_unit_with_the_grids_eta_and_a_bar_only_on_a_terminal():
     costs = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
     log = io.StringIO()

@@ -47,7 +47,8 @@ def _train(layouts: dict, head_chunk_tokens: int, out: str) -> None:
     from mlmclm.model.hf_mapping import hf_to_megatron
     from mlmclm.model.weights import load_full_weights
     from mlmclm.parallel import ParallelConfig, destroy_parallel, init_parallel
-    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+    from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, wrap_ddp
+    from mlmclm.train.schedule_restarts import build_scheduler
     from mlmclm.train.step import configure_model_for_schedules, train_step
 
     hf = random_modernbert()

@@ -17,7 +17,8 @@ from mlmclm.model.weights import gather_full, load_full_weights
 from mlmclm.objectives import ObjectiveConfig, build_objective
 from mlmclm.parallel import ParallelConfig, destroy_parallel, init_parallel
 from mlmclm.parallel.launch import spawn
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_optimizer, wrap_ddp
+from mlmclm.train.schedule_restarts import build_scheduler
 from mlmclm.train.step import configure_model_for_schedules, forward_backward, train_step
 
 WORLD = 4

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_scheduler
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from mlmclm.train.schedule_restarts import build_scheduler
 
 LR, MIN_LR = 1e-3, 1e-5
 SHAPES = {  # WSD decay coefficient at fraction x ∈ [0, 1] of the decay: 1 → max_lr, 0 → min_lr

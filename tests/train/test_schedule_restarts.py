@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mlmclm.parallel.launch import spawn
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig, build_scheduler
+from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from mlmclm.train.schedule_restarts import build_scheduler
 
 PEAK, FLOOR = 2e-4, 2e-5
 PHASE1, PHASE2 = 8, 4

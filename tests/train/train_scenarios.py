@@ -264,7 +264,8 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
     from mlmclm.parallel import destroy_parallel, init_parallel
     from mlmclm.train import checkpoint as ckpt
     from mlmclm.train.config import TrainConfig
-    from mlmclm.train.optim import build_optimizer, build_scheduler, wrap_ddp
+    from mlmclm.train.optim import build_optimizer, wrap_ddp
+    from mlmclm.train.schedule_restarts import build_scheduler
 
     cfg = TrainConfig.from_dict(cfg_dict)
     local_spec = build_module.block_spec

@@ -25,24 +25,45 @@ LENGTH_SAMPLE = 256  # rows whose characters are counted per split
 
 @dataclass(frozen=True)
 class EncoderShape:
-    """The fields `mlmclm.flops` reads, from a Hugging Face config.json (EuroBERT / Llama names)."""
+    """The fields `mlmclm.flops` reads, from a Hugging Face config.json (EuroBERT / Llama names, or ModernBERT's:
+    its local layers see a window of `local_attention` tokens, which the attention FLOPs count)."""
 
     hidden_size: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
     ffn_hidden_size: int
+    layer_is_local: tuple[bool, ...] = ()  # per layer, ModernBERT; empty: every layer attends to the whole row
+    local_attention: int | None = None
+
+    # No MLM head in fine-tuning: ModernBERT's head transform is not run (flops.flop_breakdown reads this).
+    is_modernbert = False
 
     def padded_vocab_size(self, tensor_parallel: int) -> int:
         return 0  # fine-tuning runs no LM head
 
+    def local_layers(self) -> list[bool]:
+        return list(self.layer_is_local) or [False] * self.num_layers
+
+    @property
+    def half_window(self) -> int | None:
+        return None if self.local_attention is None else self.local_attention // 2
+
     @classmethod
     def from_hf_config(cls, config: dict) -> EncoderShape:
-        heads = config["num_attention_heads"]
-        return cls(hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
+        heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
+        local, window = (), None
+        if config.get("model_type") == "modernbert":
+            if isinstance(config.get("layer_types"), list):  # transformers >= 5 writes each layer's kind
+                local = tuple(kind == "sliding_attention" for kind in config["layer_types"])
+            else:  # a global layer every `global_attn_every_n_layers`, from layer 0
+                every = config.get("global_attn_every_n_layers") or 1
+                local = tuple(index % every != 0 for index in range(layers))
+            window = config.get("local_attention") if any(local) else None
+        return cls(hidden_size=config["hidden_size"], num_layers=layers,
                    num_kv_heads=config.get("num_key_value_heads") or heads,
                    head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                   ffn_hidden_size=config["intermediate_size"])
+                   ffn_hidden_size=config["intermediate_size"], layer_is_local=local, local_attention=window)
 
     @classmethod
     def of_model_dir(cls, model_dir: Path) -> EncoderShape:
@@ -50,8 +71,9 @@ class EncoderShape:
 
     @classmethod
     def of_model_config(cls, model) -> EncoderShape:
-        """From an `mlmclm.model.config.ModelConfig` (the paper's named sizes)."""
-        return cls(model.hidden_size, model.num_layers, model.num_kv_heads, model.head_dim, model.ffn_hidden_size)
+        """From an `mlmclm.model.config.ModelConfig` (the paper's named sizes, or a ModernBERT shape)."""
+        return cls(model.hidden_size, model.num_layers, model.num_kv_heads, model.head_dim, model.ffn_hidden_size,
+                   tuple(model.local_layers()), model.local_attention if model.is_modernbert else None)
 
 
 def training_flops(shape: EncoderShape, steps: int, rows_per_step: int, tokens_per_row: float) -> float:
