@@ -260,6 +260,7 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
 
     from mlmclm.data.manifest import Manifest
     from mlmclm.model import build as build_module
+    from mlmclm.model import spec as spec_module  # EuroBERT's block spec, which the architecture table calls
     from mlmclm.model.weights import gather_full
     from mlmclm.parallel import destroy_parallel, init_parallel
     from mlmclm.train import checkpoint as ckpt
@@ -268,16 +269,16 @@ def run_checkpoint_key_checks(cfg_dict, out_dir, report_path):
     from mlmclm.train.schedule_restarts import build_scheduler
 
     cfg = TrainConfig.from_dict(cfg_dict)
-    local_spec = build_module.block_spec
+    local_spec = spec_module.block_spec
     init_parallel(cfg.parallel, seed=cfg.seed)
     train_state = {"iteration": 1, "tokenizer": Manifest.load(cfg.data.path).tokenizer, "seq_length": SEQ}
 
     def make(spec):
-        build_module.block_spec = spec
+        spec_module.block_spec = spec
         try:
             ddp = wrap_ddp(build_module.build_model(cfg.model, cfg.parallel, cfg.precision), True)
         finally:
-            build_module.block_spec = local_spec
+            spec_module.block_spec = local_spec
         optimizer = build_optimizer(ddp, cfg.optimizer)
         for inner in optimizer.chained_optimizers:  # the Adam state a first step creates (saving needs it)
             inner.init_state_fn(inner.optimizer, inner.config)
