@@ -76,3 +76,33 @@ def test_a_training_run_or_a_missing_folder_is_refused_before_anything_is_writte
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and expected in err, err
         assert not out.exists(), f"{where}: something was written"
+
+
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_grid_after_that_unit(tiny_model_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    """A real SIGINT lands in the first unit inside code that swallows KeyboardInterrupt (a bare `except:`, as some
+    libraries have): that unit finishes and is saved, no other unit starts, and the command still ends as a Ctrl-C
+    (exit 130, its one line). The old loop ran every unit to the end and exited 0 (seen once on a loaded CI host)."""
+    from eval_fixtures import evaluate_main
+
+    from mlmclm.eval.grid import worker
+
+    real_run_unit, calls = worker.run_unit, []
+
+    def run_unit_with_a_swallowed_interrupt(unit, *args, **kwargs):
+        calls.append(unit.id)
+        if len(calls) == 1:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler runs here and raises
+            except KeyboardInterrupt:
+                pass  # what a library's bare `except:` does
+        return real_run_unit(unit, *args, **kwargs)
+
+    monkeypatch.setattr(worker, "run_unit", run_unit_with_a_swallowed_interrupt)
+    out = tmp_path / "out"
+    rc = evaluate_main()(["grid", "--model", f"tiny={tiny_model_dir}", "--smoke", "--lrs", "1e-3", "--seeds", "0", "1",
+                          "--max-steps", "2", "--batch-size", "8", "--output", str(out)])
+    assert rc == 130, capsys.readouterr().err[-2000:]
+    assert len(calls) == 1 and len(list((out / "runs").glob("*/*/*.json"))) == 1
+    assert "evaluate: stopped (Ctrl-C): 1 finished run saved in" in capsys.readouterr().err

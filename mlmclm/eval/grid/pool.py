@@ -27,7 +27,7 @@ from pathlib import Path
 from mlmclm.eval.grid.claims import ClaimStore
 from mlmclm.eval.grid.units import Unit
 from mlmclm.eval.grid.worker import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, Preempted,
-                                     WorkerPayload, raise_preempted, work)
+                                     WorkerPayload, raise_interrupted, raise_preempted, work)
 from mlmclm.parallel.runtime import gpu_count
 
 MAX_REPLACEMENTS = 2  # per worker slot: a unit that kills its worker every time is not retried without end
@@ -91,6 +91,7 @@ def run_in_process(units: list[Unit], output_dir: Path, started_at: float, threa
     import torch
 
     saved = {signum: signal.signal(signum, raise_preempted) for signum in PREEMPTION_SIGNALS}
+    saved[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupted)
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads or saved_threads)
     try:

@@ -32,8 +32,26 @@ class Preempted(BaseException):
     no `except Exception` on the way (a unit's failure handling) mistakes it for the unit's own error."""
 
 
+# The signals that asked this process to stop, also kept here: the exception a handler raises can be swallowed by a
+# bare `except:` in a library it lands in (a Ctrl-C'd grid once ran every unit to the end on a loaded CI machine), so
+# the loop looks here between units too. Cleared when a loop starts (tests run several grids in one process).
+_stop_requested: list[str] = []
+
+
+def _stop_exception(name: str) -> BaseException:
+    return KeyboardInterrupt() if name == "SIGINT" else Preempted(name)
+
+
 def raise_preempted(signum, frame) -> None:
-    raise Preempted(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    _stop_requested.append(name)
+    raise Preempted(name)
+
+
+def raise_interrupted(signum, frame) -> None:
+    """Ctrl-C in a grid that runs its units in its own process: KeyboardInterrupt, as Python's default, remembered."""
+    _stop_requested.append("SIGINT")
+    raise KeyboardInterrupt
 
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -77,7 +95,10 @@ def work(units: list[Unit], output_dir: Path, store: ClaimStore, started_at: flo
          poll_seconds: float = POLL_SECONDS) -> WorkerReport:
     """Runs units until none is left (see the module). `units`: longest first."""
     report, done = WorkerReport(), set()
+    _stop_requested.clear()
     while True:
+        if _stop_requested:  # a stop whose exception a library swallowed: the unit it hit finished, no other starts
+            raise _stop_exception(_stop_requested[0])
         unit, left = next_unit(units, output_dir, store, started_at, done)
         if unit is None:
             if not left:
@@ -151,4 +172,5 @@ def _interrupt_once(signum, frame) -> None:
     """Ctrl-C reaches a worker twice (from the terminal, and forwarded by its command): the first one stops it, the
     second must not interrupt its clean-up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stop_requested.append("SIGINT")
     raise KeyboardInterrupt
