@@ -5,10 +5,12 @@ keeps (the `check` marker). tests/conftest.py marks the collected tests from the
 starts no process, plus one spawned end-to-end run. `make test` runs every test, marked or not.
 
 SLOW: a test that starts a process (ranks through `launch.spawn`, torchrun, NeMo-Run, the local Slurm, a CLI or a
-helper subprocess such as the evaluation's tokenizer probe), directly or through a fixture. A module whose every
-test does is `ALL`; otherwise its tests are named (a parametrized test by its function's name). A new test that
-starts a process goes here: under MLMCLM_CHECK_TIER=1 a test that is not marked and starts one fails, naming what it
-started. A test listed that no longer starts a process only costs the fast tier a test.
+helper subprocess: the evaluation's tokenizer probe, the loader's `cat` or `curl` for a pipe or http location),
+directly or through a fixture. A module whose every test does is `ALL`; otherwise its tests are named (a
+parametrized test by its function's name). A new test that starts a process goes here: under MLMCLM_CHECK_TIER=1 a
+test that is not marked and starts one fails, naming what it started. A test listed that no longer starts a process
+only costs the fast tier a test. (A process started by a session-scoped fixture before the test's own set-up is
+not seen.)
 
 CHECK_RUN: the one spawned run of the fast tier: CLM then MLM on 2 ranks at TP=2 (megatron-core over gloo, the
 packed corpus, checkpoints, TensorBoard), with the assertions that read it and start nothing more.
@@ -59,9 +61,17 @@ SLOW = {
     ),
     "tests/convert/test_sentence_transformers_export.py": ALL,
     "tests/convert/test_weight_index.py": ALL,
+    "tests/data/test_bounded_data_reads.py": (
+        "test_a_command_that_never_writes_is_refused_after_the_stall_bound",
+        "test_a_pipe_shard_is_bounded_the_same_way",
+        "test_a_server_that_stalls_is_refused_after_the_stall_bound",
+        "test_an_endless_pipe_manifest_stops_at_the_bound",
+        "test_an_http_shard_far_larger_than_its_manifest_says_stops_at_the_bound",
+    ),
     "tests/data/test_bounded_raw_inputs.py": (
         "test_prepare_data_takes_the_bound_and_refuses_in_one_line",
     ),
+    "tests/data/test_credentials_from_environment.py": ALL,
     "tests/data/test_embedded_tokenizer.py": (
         "test_embedded_tokenizer_roles_cache_and_race",
     ),
@@ -70,10 +80,12 @@ SLOW = {
         "test_hf_dataset_gives_the_same_shards_as_the_files",
     ),
     "tests/data/test_loader.py": (
+        "test_pipe_url",
         "test_truncated_or_corrupt_shard_is_named",
     ),
     "tests/data/test_manifest_names.py": (
         "test_hostile_names_are_refused_before_anything_runs",
+        "test_names_of_our_own_layouts_load_locally_through_pipe_and_http",
     ),
     "tests/data/test_partition.py": (
         "test_cli_partition_from_slurm_array",
@@ -89,6 +101,10 @@ SLOW = {
     "tests/eval/test_encodeval_parity.py": (
         "test_each_retrieval_set_is_scored_on_its_own_splits_and_corpus",
         "test_encodeval_token_score_is_the_mean_of_per_sentence_macro_f1",
+        "test_qed_trains_one_epoch_while_squad_keeps_the_step_budget",
+    ),
+    "tests/eval/test_encodeval_rules.py": (
+        "test_paper_grid_prints_encodevals_score_and_the_standard_one",
     ),
     "tests/eval/test_encodeval_scores.py": (
         "test_qa_f1_reproduces_the_released_per_question_scores_bit_for_bit",
@@ -137,6 +153,7 @@ SLOW = {
     "tests/eval/test_grid_status.py": (
         "test_a_failed_unit_is_recorded_the_others_finish_and_a_later_command_runs_it_once_more",
         "test_list_prices_the_suite_per_model_in_gpu_hours_and_wall_time",
+        "test_status_says_which_worker_runs_what_since_when_and_what_is_left",
     ),
     "tests/eval/test_grid_workers.py": ALL,
     "tests/eval/test_hostile_eval_data.py": (
@@ -168,6 +185,7 @@ SLOW = {
     ),
     "tests/eval/test_paper_sources.py": (
         "test_all_13_tasks_run_from_the_fetched_folder_and_records_carry_their_sources",
+        "test_nq_halves_are_seeded_and_say_they_are_not_encodevals_draw",
         "test_warmup_counts_steps_as_the_trainer_counts_a_warmup_ratio",
     ),
     "tests/eval/test_seed_report.py": (
