@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTHON312 := $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2]==(3,12)' 2>/dev/null && command -v python3.12 || \
 	(command -v pyenv >/dev/null 2>&1 && v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | sort -V | tail -n1) && [ -n "$$v" ] && echo "$$(pyenv root)/versions/$$v/bin/python3.12"))
 
-.PHONY: help setup test slurm-install demo replicate-mini gpu-check gpu-train-check gpu-check-smoke bench clean
+.PHONY: help setup check test slurm-install demo replicate-mini gpu-check gpu-train-check gpu-check-smoke bench clean
 
 # Each target's line: its `## ` comment (make help prints them; plain `make` still runs setup, the first target).
 $(VENV)/.installed: pyproject.toml
@@ -25,6 +25,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv (Python 3.12) with the package and its dev extras; demo and test run it
+
+# The inner loop's tier: every test that starts no process, and one spawned CLM→MLM run on 2 ranks
+# (tests/suite_tiers.py). MLMCLM_CHECK_TIER=1 fails a test outside SLOW that starts a process. Not a substitute for
+# `make test`, which runs all of these and the rest. 227 s here for 1037 tests (2026-12-06), on 2 cores not idle:
+# load average 4.2 -> 6.6 from other test runs beside it (docs/performance.md).
+check: setup  ## the fast tier: tests that start no process plus one spawned end-to-end run (<= 5 min)
+	MLMCLM_CHECK_TIER=1 $(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
 
 test: setup  ## the whole suite on CPU (~36 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \

@@ -1,3 +1,7 @@
+"""What every test shares: ranks forked from one fork server, the check that no process outlives its test, and
+the two tiers: `make test` runs every test; `make check` (pytest -m "not slow or check", MLMCLM_CHECK_TIER=1) the
+tests that start no process plus one spawned end-to-end run. tests/suite_tiers.py says which tests are which.
+"""
 import os
 import warnings
 
@@ -6,9 +10,15 @@ warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+import multiprocessing.pool  # noqa: E402
+import multiprocessing.process  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
+import suite_tiers  # noqa: E402
 from mlmclm.parallel import launch  # noqa: E402
 
 # Ranks of `launch.spawn` are forked from one fork server that imported torch's heavy parts once (~7 s of the ~9 s
@@ -54,3 +64,51 @@ def no_process_outlives_its_test():
             proc.kill()
         psutil.wait_procs(alive, timeout=10)
         assert not alive, f"processes left running by this test: {[(p.pid, _cmdline(p)[:5]) for p in alive]}"
+
+
+def _listed(table: dict, path: str, name: str) -> bool:
+    names = table.get(path, ())
+    return names == suite_tiers.ALL or name in names
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers' markers, from tests/suite_tiers.py (one table, not a marker in each of ~100 modules)."""
+    root = Path(str(config.rootpath))
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        name = getattr(item, "originalname", None) or item.name.split("[")[0]
+        if _listed(suite_tiers.SLOW, path, name):
+            item.add_marker(pytest.mark.slow)
+        if _listed(suite_tiers.CHECK_RUN, path, name):
+            item.add_marker(pytest.mark.check)
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_starts_no_process(request, monkeypatch):
+    """Under `make check` (MLMCLM_CHECK_TIER=1), a test not marked `slow` or `check` that starts a process fails,
+    so the fast tier stays free of start-ups as tests are added: it belongs in tests/suite_tiers.py's SLOW. A
+    worker pool's processes do not count: prepare_data sizes its pool by the machine's cores (none on 2 cores), so
+    that would fail one machine's tier and not another's."""
+    marked = request.node.get_closest_marker("slow") or request.node.get_closest_marker("check")
+    if os.environ.get("MLMCLM_CHECK_TIER") != "1" or marked:
+        yield
+        return
+    started = []
+    popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def popen(self, args, *rest, **kwargs):
+        started.append(f"subprocess {str(args)[:100]}")
+        return popen_init(self, args, *rest, **kwargs)
+
+    def start(self):  # ranks of launch.spawn (torch's start_processes), Process, DataLoader workers
+        if getattr(self, "_target", None) is not multiprocessing.pool.worker:
+            started.append(f"multiprocessing {self.name}")
+        return process_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} started {len(started)} process(es) ({'; '.join(started[:3])}) but is "
+                    f"not marked slow: name it in tests/suite_tiers.py SLOW (make check runs no process start-ups "
+                    f"but its one end-to-end run)", pytrace=False)

@@ -96,7 +96,8 @@ def _eval_record(folder):
 
 @pytest.mark.parametrize("write, old_temp_name", [
     (_shard, "shard-000000.tar.tmp"), (_tails, "tails.npz.tmp.npz"), (_status, "run_status.json.tmp"),
-    (_metrics, "metrics.jsonl.tmp"), (_lock, f".writer.lock.{os.getpid()}"),
+    # the id without the pid: one list of test ids from every collection (tools/test_ids.py compares them)
+    (_metrics, "metrics.jsonl.tmp"), pytest.param(_lock, f".writer.lock.{os.getpid()}", id="_lock-.writer.lock.PID"),
     (_checkpoint_json, "train_state.json.tmp"), (_eval_record, "lr0.0001_seed0.json.tmp"),
 ])
 def test_a_link_planted_at_the_old_temporary_name_is_not_followed(tmp_path, write, old_temp_name):
