@@ -2,7 +2,7 @@
 of both on your tasks, the report.
 
   python -m recipes.detour_run tiny --root runs/detour                        # CPU twin: tiny ModernBERT, demo corpus
-  python -m recipes.detour_run tiny --root runs/detour --smoke --seeds 0 1 2 --max-steps 20   # + downstream scores
+  python -m recipes.detour_run tiny --root runs/detour --smoke --lrs 3e-3 --seeds 0 1 --max-steps 10  # + downstream
   python -m recipes.detour_run tiny --root runs/detour_mine --text notes/*.txt # the twin on your own text
   python -m recipes.detour_run modernbert --source answerdotai/ModernBERT-base --data-path /data/bio-modernbert \\
       --root /checkpoints/detour-bio --tasks /data/bio_tasks.json tokens=10000000000   # as published: a 4-GPU node
