@@ -58,7 +58,8 @@ FAMILIES = (
                                         "Slurm a job array of K tasks x G GPUs (recipes/eval_run.py)"),
     ("detour modernbert|eurobert|tiny|report", "domain adaptation of a HF ModernBERT or EuroBERT as published: "
                                                "import, CLM detour then MLM decay, and its MLM 30 % control, with "
-                                               "the held-out table (recipes/detour_run.py)"),
+                                               "the held-out loss beside your tasks' scores (--tasks); locally or "
+                                               "as one Slurm chain (recipes/detour_run.py)"),
 )
 
 

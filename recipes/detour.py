@@ -142,24 +142,26 @@ def steps_for_tokens(tokens: int, global_batch_size: int = GLOBAL_BATCH, seq_len
 
 def detour_published(source: str, data_path: str, root: str, tokens: int = PHASE1_TOKENS,
                      decay_share: float = DECAY_SHARE, lr: float = LEARNING_RATE, nodes: int = 1,
-                     gpus_per_node: int = 4, max_micro_batch: int = 2, seed: int = 17) -> DetourPlan:
+                     gpus_per_node: int = 4, max_micro_batch: int = 2, seed: int = 17,
+                     model: ModelConfig | None = None) -> DetourPlan:
     """Paper scale as published: phase 1 on `tokens` (the French runs' 10B = 3,179 steps of 384 × 8,192), 4 H100s
-    of one node (the thesis' hardware), DP only (150M and 350M fit one GPU), bf16. Not run on a GPU here."""
+    of one node (the thesis' hardware), DP only (150M and 350M fit one GPU), bf16. Not run on a GPU here. `model`:
+    the source's shape when its config.json is read elsewhere (Slurm: where this machine sees the job's path)."""
     return detour_plan(source, data_path, root, steps=steps_for_tokens(tokens), decay_share=decay_share, lr=lr,
                        global_batch_size=GLOBAL_BATCH, nodes=nodes, gpus_per_node=gpus_per_node,
-                       max_micro_batch=max_micro_batch, seq_length=SEQ_LENGTH, tokenizer=None, seed=seed)
+                       max_micro_batch=max_micro_batch, seq_length=SEQ_LENGTH, tokenizer=None, seed=seed, model=model)
 
 
 def tiny_detour(source: str, data_path: str, root: str, steps: int = 8, decay_share: float = 0.25,
                 lr: float = 1e-3, warmup_tokens: int = 1024, processes: int = 2, seed: int = 17,
-                validation_samples: int | None = 16) -> DetourPlan:
+                validation_samples: int | None = 16, model: ModelConfig | None = None) -> DetourPlan:
     """The CPU twin: a tiny ModernBERT (`make_tiny_modernbert`), the demo's packed rows of 128 tokens, 8 per step;
     phase 2 a quarter of phase 1 (a tenth of 8 steps is under one), a peak a tiny random model learns from in a few
     steps, a one-step warmup (1,024 tokens); everything else as published."""
     return detour_plan(source, data_path, root, steps=steps, decay_share=decay_share, lr=lr, min_lr=lr / 10,
                        warmup_tokens=warmup_tokens, global_batch_size=8, nodes=1, gpus_per_node=processes,
                        max_micro_batch=2, seq_length=128, tokenizer=None, seed=seed,
-                       validation_samples=validation_samples)
+                       validation_samples=validation_samples, model=model)
 
 
 def make_tiny_modernbert(directory: Path, seed: int = 0) -> Path:
@@ -219,6 +221,21 @@ def _save_tiny(directory: Path, seed: int, build, what: str) -> Path:
     return directory
 
 
+def export_run(run_dir: str, imported: str, target: str) -> str:
+    """One run's final checkpoint as a native HF directory (ModernBertForMaskedLM or EuroBertForMaskedLM, the
+    source's architecture) with the source's tokenizer (carried by the import) and the sentence-transformers files;
+    kept when already there (a repeated family exports nothing again). A function, so that Slurm runs it as a job."""
+    from mlmclm.convert.to_hf import TOKENIZER_SUBDIR, ExportConfig, convert_to_hf
+    from mlmclm.export.sentence_transformers import SentenceTransformerLayout
+    from mlmclm.train import checkpoint as ckpt
+
+    if not (Path(target) / "config.json").exists():
+        tokenizer = ckpt.resolve_checkpoint(Path(imported)) / TOKENIZER_SUBDIR
+        convert_to_hf(ExportConfig(run_dir, Path(target), progress=False, tokenizer=str(tokenizer),
+                                   sentence_transformers=SentenceTransformerLayout()))
+    return target
+
+
 def import_and_measure(source: str, imported: str, config_json: str, out: str, processes: int = 1) -> dict:
     """The `import` task: convert the source (weights only; reused when already converted from the same source)
     and measure its held-out losses with the training runs' validation (step 0)."""
@@ -239,3 +256,10 @@ def import_and_measure(source: str, imported: str, config_json: str, out: str, p
             raise ValueError(f"{path} holds a conversion of {recorded.get('source')!r}, not of {source!r}")
     cfg = TrainConfig.from_dict(json.loads(config_json))
     return measure_checkpoint(cfg, str(path), Path(out), processes)
+
+
+def import_task(plan: DetourPlan) -> run.Partial:
+    """The `import` task of a plan (locally a NeMo-Run task of its own; on Slurm the family's first job)."""
+    return run.Partial(import_and_measure, source=plan.source, imported=str(plan.imported),
+                       config_json=json.dumps(validate(plan.control).to_dict()), out=str(plan.step0_file),
+                       processes=plan.processes)

@@ -5,22 +5,27 @@ a 1-√ cooldown restarted from the peak with the optimizer state kept) and its 
 phase 2) trained from it, both exported as native ModernBertForMaskedLM (+ sentence-transformers), and the one
 table: continued pretraining on the demo corpus lowers the tiny ModernBERT's held-out MLM loss. The tiny model
 carries remote-code hooks (tests/planted_hooks.py), as real repositories do: neither the import nor the exports
-carry them (issue 56)."""
+carry them (issue 56). Run again with a task file, the same command adds the evaluation's grid on both exports and
+the downstream table (issue 57 part 3)."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+from mlmclm.eval.finetune.protocol import load_records
 from mlmclm.train import checkpoint as ckpt
 from recipes.detour_report import validations
+from tests.eval.eval_fixtures import make_task_folder
 from tests.planted_hooks import plant_remote_code_hooks, remote_code_hooks
 
 PHASE1, PHASE2, PEAK = 4, 2, 1e-3  # the twin: steps=4, decay_share=0.5; its peak (the floor a tenth of it)
 
 
 # Six steps for each of two 2-rank runs, an import, a step-0 and a repeat measurement, two exports: 7 minutes wall
-# time on this 2-core machine shared with other sessions (2 minutes of CPU), over the suite's 600 s default.
-@pytest.mark.timeout(1200)
+# time on this 2-core machine shared with other sessions (2 minutes of CPU), over the suite's 600 s default; with the
+# evaluation (4 fine-tunings of 2 steps, the family launched again) 108 s on the same machine idle.
+@pytest.mark.timeout(1500)
 def test_tiny_detour_and_control_run_export_and_report(nemo_home, tmp_path, capsys):
     from transformers import AutoModelForMaskedLM
 
@@ -84,6 +89,29 @@ def test_tiny_detour_and_control_run_export_and_report(nemo_home, tmp_path, caps
     assert remote_code_hooks(root / "imported") == []
     st = pytest.importorskip("sentence_transformers")
     assert st.SentenceTransformer(str(root / "export" / "detour"), device="cpu").encode_query(["a"]).shape[-1] == 128
+
+    # the same family again with the user's tasks: nothing trained or exported again; both exports fine-tuned in
+    # the evaluation's grid (one output folder), two seeds each, and the scores beside the held-out loss
+    exported = (root / "export" / "detour" / "config.json").stat().st_mtime
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"name": "sentiment", "family": "classification", "max_length": 32, "path": str(
+        make_task_folder(tmp_path / "sentiment", "classification", sizes=(16, 8, 8)))}]))
+    assert main(["tiny", "--root", str(root), f"steps={PHASE1}", "decay_share=0.5", "validation_samples=8",
+                 "--tasks", str(tasks), "--lrs", "1e-3", "--max-steps", "2", "--batch-size", "8",
+                 "--seeds", "0", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (root / "export" / "detour" / "config.json").stat().st_mtime == exported
+    records = load_records(root / "eval")
+    assert sorted((r.model, r.seed) for r in records) == [("control", 0), ("control", 1), ("detour", 0), ("detour", 1)]
+    assert all(Path(r.model_dir) == root / "export" / r.model for r in records)
+    downstream = json.loads((root / "report.json").read_text())["downstream"]
+    for name in ("detour", "control"):
+        cell = downstream["runs"][name]["sentiment"]
+        scores = [r.test_score for r in records if r.model == name]
+        assert (cell["seeds"], cell["lr"]) == (2, 1e-3) and cell["mean"] == pytest.approx(sum(scores) / 2)
+        assert cell["ci95"] is not None and cell["ci95"] >= 0
+        assert f"| {name} | {report[name]['end']:.4f} | {100 * cell['mean']:.1f} ± {100 * cell['ci95']:.1f} " \
+               f"(2 seeds) |" in out, out
 
 
 def test_detour_refusals_are_one_line(tmp_path, capsys):
