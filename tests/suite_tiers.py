@@ -38,6 +38,7 @@ SLOW = {
     "tests/benchmarks/test_head_roofline.py": (
         "test_the_printed_line_names_the_default",
     ),
+    "tests/cluster/test_slurm_detour.py": ALL,
     "tests/cluster/test_slurm_eval.py": ALL,
     "tests/cluster/test_slurm_failure.py": ALL,
     "tests/cluster/test_slurm_sweep.py": ALL,
@@ -229,6 +230,10 @@ SLOW = {
         "test_the_requeue_policy_never_requeues_a_refusal_and_requeues_a_crash_as_allowed",
     ),
     "tests/recipes/test_data_prep_recipe.py": ALL,
+    "tests/recipes/test_detour_downstream.py": (
+        "test_the_family_on_slurm_is_one_dependency_chain",  # NeMo-Run's `mkdir -p` for each job's folder
+        "test_the_report_puts_the_held_out_loss_beside_each_tasks_mean_and_ci_over_seeds",  # git rev-parse
+    ),
     "tests/recipes/test_detour_recipe.py": (
         "test_detour_refusals_are_one_line",
         "test_the_family_is_listed_and_runs_from_python_m_recipes",
