@@ -39,7 +39,7 @@ from mlmclm.eval.finetune.device import DEVICE_CHOICES, resolve_device
 from mlmclm.eval.finetune.suite_plan import describe_suite
 from mlmclm.eval.finetune.task_spec import TaskDataError, load_task_specs
 from mlmclm.eval.grid.cost import DEFAULT_MFU, EncoderShape
-from mlmclm.eval.grid.run import GridFailed, GridOutcome, GridStopped, evaluate_grid
+from mlmclm.eval.grid.run import GridFailed, GridStopped, evaluate_grid
 from mlmclm.eval.grid.status import grid_status
 from mlmclm.eval.grid.suite_cost import DEFAULT_GPUS, price_suite
 from mlmclm.eval.grid.worker import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, Preempted, raise_preempted
@@ -150,18 +150,6 @@ def _model_shapes(args) -> dict[str, EncoderShape]:
             for name in ("eurobert-210m", "eurobert-610m", "eurobert-1b")}
 
 
-def _spent(outcome: GridOutcome, device: str) -> str:
-    """What the grid cost: units, device-hours by the records' seconds (a worker holds one device), units per hour
-    of this command's wall time."""
-    own = [r for r in outcome.records if "trained_on" not in r.extra]  # an extra set's record repeats its unit's
-    hours = sum(r.seconds for r in own) / 3600
-    kind = "GPU" if device == "cuda" else "CPU-worker"
-    rate = outcome.ran_here / (outcome.wall_seconds / 3600) if outcome.wall_seconds > 0 else 0.0
-    return (f"spent: {len(own)} of {len(outcome.units)} units finished, {hours:.3f} {kind}-hours by their records; "
-            f"this command ran {outcome.ran_here} in {outcome.wall_seconds / 60:.1f} min of wall time "
-            f"({rate:.0f} units per hour)")
-
-
 def _grid(args, models: dict[str, Path], tasks: list, protocol: ProtocolConfig) -> int:
     """Runs the grid; the exit code of the contract (docs/evaluation.md)."""
     outcome = evaluate_grid(models, tasks, args.output, protocol, workers=args.workers, threads=args.threads)
@@ -171,7 +159,7 @@ def _grid(args, models: dict[str, Path], tasks: list, protocol: ProtocolConfig) 
         raise Preempted(outcome.stopped)
     if outcome.records:
         _print_summary(write_summary(outcome.records, args.output, force=args.force))
-    print(_spent(outcome, protocol.device))
+    print(outcome.spent(protocol.device))
     for line in outcome.lost_workers:
         print(f"lost a worker: {line} (its unit was taken over)")
     if outcome.failed:

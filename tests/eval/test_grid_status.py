@@ -13,12 +13,12 @@ import pytest
 from eval_fixtures import evaluate_main, make_task_folder
 
 from mlmclm import flops
-from mlmclm.eval.finetune.protocol import ProtocolConfig, run_path
+from mlmclm.eval.finetune.protocol import ProtocolConfig, RunRecord, run_path
 from mlmclm.eval.finetune.task_spec import TaskSpec
 from mlmclm.eval.grid import units as grid_units
 from mlmclm.eval.grid.claims import ClaimStore
 from mlmclm.eval.grid.cost import EncoderShape, training_flops
-from mlmclm.eval.grid.run import evaluate_grid
+from mlmclm.eval.grid.run import GridOutcome, evaluate_grid
 from mlmclm.eval.grid.status import grid_status
 from mlmclm.progress_log import GridProgress
 
@@ -46,7 +46,9 @@ def test_a_failed_unit_is_recorded_the_others_finish_and_a_later_command_runs_it
                  "1", "--max-steps", "2", "--min-steps", "0", "--batch-size", "8", "--device", "cpu", "--output",
                  str(out)]
     assert evaluate_main()(arguments) == 1
-    err = capsys.readouterr().err
+    out_text, err = capsys.readouterr()
+    assert re.search(r"^spent: 1 of 2 units finished, [0-9.]+ CPU-worker-hours by their records; this command ran 1 "
+                     r"in [0-9.]+ min of wall time \([0-9.]+ units per hour\)$", out_text, flags=re.M), out_text
     assert "evaluate: error: m/cls/lr0.001_seed1 failed: RuntimeError: boom: this unit cannot run" in err
     assert run_path(out, "m", "cls", 1e-3, 0).exists() and not run_path(out, "m", "cls", 1e-3, 1).exists()
     status = grid_status(out)
@@ -57,8 +59,31 @@ def test_a_failed_unit_is_recorded_the_others_finish_and_a_later_command_runs_it
     # a later command runs it once more (here: without the fault), and clears the failure
     monkeypatch.setattr(grid_units, "finetune_and_score", real)
     assert evaluate_main()(arguments) == 0
-    assert "1 finished, 1 to run" in capsys.readouterr().err
+    out_text, err = capsys.readouterr()
+    assert "1 finished, 1 to run" in err
+    # what was spent counts every finished unit's record, the earlier command's too; what this command ran, its own
+    seconds = sum(json.loads(run_path(out, "m", "cls", 1e-3, seed).read_text())["seconds"] for seed in (0, 1))
+    assert (f"spent: 2 of 2 units finished, {seconds / 3600:.3f} CPU-worker-hours by their records; this command "
+            f"ran 1 in ") in out_text, out_text
     assert "2 done, 0 running, 0 failed, 0 left" in grid_status(out) and not list((out / "failed").rglob("*.json"))
+
+
+def test_what_was_spent_is_the_records_device_hours_and_this_commands_units_per_hour():
+    def record(seconds, **extra):
+        return RunRecord(model="m", task="t", family="classification", main_metric="accuracy", learning_rate=1e-4,
+                         seed=0, validation={}, test={}, diverged=False, steps=1, train_loss_first=1.0,
+                         train_loss_last=1.0, fingerprint="f", seconds=seconds, extra=extra)
+
+    # a retrieval unit's extra sets repeat its seconds (trained once): counted once; one unit of three unfinished
+    records = [record(1800.0), record(5400.0), record(5400.0, trained_on="t")]
+    outcome = GridOutcome(units=[None] * 3, records=records, ran_here=2, wall_seconds=3600.0)
+    assert outcome.spent("cuda") == ("spent: 2 of 3 units finished, 2.000 GPU-hours by their records; this command "
+                                     "ran 2 in 60.0 min of wall time (2.0 units per hour)")
+    fast = GridOutcome(units=[None] * 3, records=records[:2], ran_here=2, wall_seconds=36.0)
+    assert fast.spent("cpu").endswith("2.000 CPU-worker-hours by their records; this command ran 2 in 0.6 min of "
+                                      "wall time (200 units per hour)")
+    idle = GridOutcome(units=[None] * 3, records=records[:2], ran_here=0, wall_seconds=0.0)  # nothing left to run
+    assert idle.spent("cpu").endswith("this command ran 0 in 0.0 min of wall time (0.0 units per hour)")
 
 
 def test_status_says_which_worker_runs_what_since_when_and_what_is_left(tiny_model_dir, task_list, tmp_path):

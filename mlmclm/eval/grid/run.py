@@ -44,6 +44,21 @@ class GridOutcome:
     wall_seconds: float = 0.0
     lost_workers: list[str] = field(default_factory=list)
 
+    def spent(self, device: str) -> str:
+        """What the grid cost, the line its command prints after the summary: the units finished (by any
+        command), the device-hours their records took (a worker holds one device while its unit runs; an extra
+        set's record repeats its unit's seconds and is not counted again), and the units this command ran per hour
+        of its wall time (start-up, planning and idle workers included: what a user waits for)."""
+        own = [r for r in self.records if "trained_on" not in r.extra]
+        hours = sum(r.seconds for r in own) / 3600
+        kind = "GPU" if device == "cuda" else "CPU-worker"
+        rate = self.ran_here / (self.wall_seconds / 3600) if self.wall_seconds > 0 else 0.0
+        # a real model's unit takes minutes to hours: below 10 units an hour the first decimal matters
+        rate_text = f"{rate:.1f}" if rate < 10 else f"{rate:.0f}"
+        return (f"spent: {len(own)} of {len(self.units)} units finished, {hours:.3f} {kind}-hours by their records; "
+                f"this command ran {self.ran_here} in {self.wall_seconds / 60:.1f} min of wall time ({rate_text} "
+                f"units per hour)")
+
 
 def _warn_few_steps(units: list[Unit], say) -> None:
     """Before any run: a task whose runs get fewer than FEW_STEPS optimizer steps says little about the model."""
