@@ -22,15 +22,20 @@ DEFAULT_INTERVAL = 30.0
 REAL_RUN_SECONDS = 1.0
 
 
-def interval_seconds() -> float:
-    raw = os.environ.get(INTERVAL_ENV, "")
+def seconds_from_env(env: str, default: float) -> float:
+    """A duration from $`env` (seconds, > 0), else `default`; a bad value is a ValueError naming the variable."""
+    raw = os.environ.get(env, "")
     try:
-        value = float(raw) if raw else DEFAULT_INTERVAL
+        value = float(raw) if raw else default
     except ValueError:
-        raise ValueError(f"${INTERVAL_ENV}={raw!r}: expected seconds (a number > 0)") from None
+        raise ValueError(f"${env}={raw!r}: expected seconds (a number > 0)") from None
     if not value > 0:
-        raise ValueError(f"${INTERVAL_ENV}={raw!r}: expected seconds (a number > 0)")
+        raise ValueError(f"${env}={raw!r}: expected seconds (a number > 0)")
     return value
+
+
+def interval_seconds() -> float:
+    return seconds_from_env(INTERVAL_ENV, DEFAULT_INTERVAL)
 
 
 def _minutes(seconds: float) -> str:

@@ -27,22 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
+from mlmclm.progress_log import seconds_from_env
 
 CLAIMS_FOLDER = "claims"
 FAILED_FOLDER = "failed"
 BEAT_ENV, STALE_ENV = "MLMCLM_GRID_BEAT_SECONDS", "MLMCLM_GRID_STALE_SECONDS"
 DEFAULT_BEAT_S, DEFAULT_STALE_S = 10.0, 120.0
-
-
-def _seconds(env: str, default: float) -> float:
-    raw = os.environ.get(env, "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"${env}={raw!r}: expected seconds (a number > 0)") from None
-    if not value > 0:
-        raise ValueError(f"${env}={raw!r}: expected seconds (a number > 0)")
-    return value
 
 
 def process_start(pid: int) -> str | None:
@@ -81,7 +71,8 @@ class ClaimStore:
         self.root = Path(output_dir) / CLAIMS_FOLDER
         self.failed_root = Path(output_dir) / FAILED_FOLDER
         self.worker = worker or new_worker_id()
-        self.beat_s, self.stale_s = _seconds(BEAT_ENV, DEFAULT_BEAT_S), _seconds(STALE_ENV, DEFAULT_STALE_S)
+        self.beat_s = seconds_from_env(BEAT_ENV, DEFAULT_BEAT_S)
+        self.stale_s = seconds_from_env(STALE_ENV, DEFAULT_STALE_S)
 
     def path(self, unit: str) -> Path:
         return self.root / f"{unit}.json"
