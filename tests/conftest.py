@@ -112,3 +112,21 @@ def fast_tier_starts_no_process(request, monkeypatch):
         pytest.fail(f"{request.node.nodeid} started {len(started)} process(es) ({'; '.join(started[:3])}) but is "
                     f"not marked slow: name it in tests/suite_tiers.py SLOW (make check runs no process start-ups "
                     f"but its one end-to-end run)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_kernel_pins_stay_in_their_test():
+    """Importing recipes.demo pins the CPU kernels through environment variables (mlmclm/cpu_kernels.PINNED) for the
+    processes started after it. A test that imports it in the pytest process (the detour's twin data does) left them
+    set: later tests' subprocess workers then ran pinned kernels while their in-process reference did not, and
+    records that must be equal bit for bit differed (test_grid_workers, CI after the Slurm detour test). Each test's
+    changes to them are undone when it ends."""
+    from mlmclm.cpu_kernels import PINNED
+
+    before = {name: os.environ.get(name) for name in PINNED}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -131,6 +131,8 @@ class ClaimStore:
         if time.time() - aside.stat().st_mtime <= self.stale_s and not claim.process_gone():
             try:  # beaten between our look and the rename: its owner is alive; give it back (link: fails, as
                 os.link(aside, path)  # O_EXCL does, when a claim is there again)
+            except FileExistsError:
+                pass  # another worker has claimed it meanwhile: that claim stands, this worker takes nothing
             finally:
                 aside.unlink(missing_ok=True)
             return False
