@@ -172,5 +172,4 @@ def _interrupt_once(signum, frame) -> None:
     """Ctrl-C reaches a worker twice (from the terminal, and forwarded by its command): the first one stops it, the
     second must not interrupt its clean-up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _stop_requested.append("SIGINT")
-    raise KeyboardInterrupt
+    raise_interrupted(signum, frame)
