@@ -33,11 +33,14 @@ setup: $(VENV)/.installed  ## create .venv (Python 3.12) with the package and it
 check: setup  ## the fast tier: tests that start no process plus one spawned end-to-end run (<= 5 min)
 	MLMCLM_CHECK_TIER=1 $(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
 
+# Two pytest-xdist workers: a test file, or the files sharing a costly session fixture, run on one worker; the
+# longest groups start first (tests/suite_tiers.py). TEST_WORKERS=1: one worker, one test after another.
+TEST_WORKERS ?= 2
 test: setup  ## the whole suite on CPU (~41 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
 	@echo "make test: the whole suite, ~1463 tests; 41 min here (2429 s, 2026-12-06, clean-clone .ci/run of 6b2306d, 2 cores mostly idle; docs/performance.md)"
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).
 slurm-install:  ## Debian's Slurm and MUNGE for tests/cluster and local_slurm (root)

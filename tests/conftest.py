@@ -71,8 +71,10 @@ def _listed(table: dict, path: str, name: str) -> bool:
     return names == suite_tiers.ALL or name in names
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The tiers' markers, from tests/suite_tiers.py (one table, not a marker in each of ~100 modules)."""
+    """The tiers' markers and the xdist worker groups, from tests/suite_tiers.py (one table, not a marker in each of
+    ~100 modules)."""
     root = Path(str(config.rootpath))
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
@@ -81,6 +83,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if _listed(suite_tiers.CHECK_RUN, path, name):
             item.add_marker(pytest.mark.check)
+    groups = _worker_groups(root, items)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+        first = {group: i for i, group in enumerate(suite_tiers.LONGEST_FIRST)}
+        items.sort(key=lambda item: first.get(groups[item], len(first)))  # stable: the rest keep their order
+
+
+def _worker_groups(root: Path, items) -> dict:
+    """Each test's xdist group (tests/suite_tiers.py SHARED_SESSION_FIXTURES): its file, or the costly session
+    fixture one of its file's tests uses, so that the fixture is set up by one worker only."""
+    file_group = {}
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        shared = [f for f in suite_tiers.SHARED_SESSION_FIXTURES if f in getattr(item, "fixturenames", ())]
+        if shared or path not in file_group:
+            file_group[path] = shared[0] if shared else file_group.get(path, path)
+    return {item: file_group[Path(str(item.path)).relative_to(root).as_posix()] for item in items}
 
 
 @pytest.fixture(autouse=True)

@@ -349,3 +349,30 @@ SLOW = {
     "tests/train/test_training_bf16.py": ALL,
     "tests/train/test_training_run.py": ALL,
 }
+
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`): the tests of one file always share a
+# worker (its module-scoped runs are made once), and so do all files whose tests use one of these session-scoped
+# fixtures, each a spawned run worth paying once: the local Slurm with every scenario launched together, NeMo-Run's
+# uninterrupted tiny run, the 4-rank TP2 x PP2 checkpoint. The cheap session fixtures (prepared corpora, tiny HF
+# models) are made once per worker instead.
+SHARED_SESSION_FIXTURES = ("slurm_cluster", "uninterrupted_tiny_run", "tp2pp2_run")
+
+# The groups that start first, longest first (each the worker's seconds in a clean-clone `make test`,
+# docs/performance.md): a long group dealt out last would leave the other worker idle at the end.
+LONGEST_FIRST = (
+    "slurm_cluster",  # every tests/cluster file: ~600 s
+    "tests/recipes/test_recipes_sweep_eval.py",
+    "tests/benchmarks/test_gpu_session.py",
+    "tests/recipes/test_mini_replication.py",
+    "tests/recipes/test_detour_recipe.py",
+    "uninterrupted_tiny_run",
+    "tests/train/test_preemption.py",
+    "tests/train/test_training_run.py",
+    "tests/test_demo.py",
+    "tests/recipes/test_recipes_paper_grid.py",
+    "tests/benchmarks/test_gpu_deadlines.py",
+    "tests/train/test_train_cli.py",
+    "tests/train/test_fused_adam_resume.py",
+    "tests/eval/test_grid_workers.py",
+    "tests/train/test_branch.py",
+)
