@@ -106,3 +106,31 @@ def test_a_ctrl_c_that_a_library_swallows_still_stops_the_grid_after_that_unit(t
     assert rc == 130, capsys.readouterr().err[-2000:]
     assert len(calls) == 1 and len(list((out / "runs").glob("*/*/*.json"))) == 1
     assert "evaluate: stopped (Ctrl-C): 1 finished run saved in" in capsys.readouterr().err
+
+
+def test_a_stop_that_lands_while_a_claim_is_taken_gives_the_claim_back(tiny_model_dir, tmp_path, monkeypatch,
+                                                                        capsys):
+    """A real SIGTERM lands right after a unit's claim file is created, before the unit starts: the command ends as
+    a preemption (exit 75) and no claim is left behind for another worker to wait out. The old loop raised there,
+    outside the block that gives a claim back, and left it (seen once in CI, where the create's fsync was slow)."""
+    from eval_fixtures import evaluate_main
+
+    from mlmclm.eval.grid.claims import ClaimStore
+
+    real_claim, claimed = ClaimStore.claim, []
+
+    def claim_then_a_stop(self, unit, fingerprint):
+        taken = real_claim(self, unit, fingerprint)
+        if taken and not claimed:
+            claimed.append(unit)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here
+        return taken
+
+    monkeypatch.setattr(ClaimStore, "claim", claim_then_a_stop)
+    out = tmp_path / "out"
+    rc = evaluate_main()(["grid", "--model", f"tiny={tiny_model_dir}", "--smoke", "--lrs", "1e-3", "--seeds", "0",
+                          "--max-steps", "2", "--batch-size", "8", "--output", str(out)])
+    assert rc == 75, capsys.readouterr().err[-2000:]
+    assert claimed and not list((out / "claims").rglob("*.json")), list((out / "claims").rglob("*"))
+    assert not list((out / "runs").glob("*/*/*.json"))

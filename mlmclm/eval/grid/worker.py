@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,16 +43,35 @@ def _stop_exception(name: str) -> BaseException:
     return KeyboardInterrupt() if name == "SIGINT" else Preempted(name)
 
 
+# True while a worker takes a claim: a stop that lands there is remembered and raised as the claim-taking ends,
+# inside the block that gives the claim back (raised between the claim file's create and that block, it would leave
+# the claim behind: seen once under load, where the create's fsync is slow).
+_deferring = [False]
+
+
 def raise_preempted(signum, frame) -> None:
     name = signal.Signals(signum).name
     _stop_requested.append(name)
-    raise Preempted(name)
+    if not _deferring[0]:
+        raise Preempted(name)
 
 
 def raise_interrupted(signum, frame) -> None:
     """Ctrl-C in a grid that runs its units in its own process: KeyboardInterrupt, as Python's default, remembered."""
     _stop_requested.append("SIGINT")
-    raise KeyboardInterrupt
+    if not _deferring[0]:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _stops_deferred():
+    _deferring[0] = True
+    try:
+        yield
+    finally:
+        _deferring[0] = False
+    if _stop_requested:
+        raise _stop_exception(_stop_requested[0])
 
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -99,35 +119,40 @@ def work(units: list[Unit], output_dir: Path, store: ClaimStore, started_at: flo
     while True:
         if _stop_requested:  # a stop whose exception a library swallowed: the unit it hit finished, no other starts
             raise _stop_exception(_stop_requested[0])
-        unit, left = next_unit(units, output_dir, store, started_at, done)
-        if unit is None:
-            if not left:
-                return report
-            time.sleep(poll_seconds)  # every unit left is someone else's for now
-            continue
-        store.clear_failure(unit.id)  # an earlier command's failure: this is its one more try
+        unit = None
         try:
-            with Heartbeat(store, unit.id) as heartbeat:
-                written = run_unit(unit, output_dir, store.worker,
-                                   keep=lambda: not heartbeat.lost.is_set() and store.holds(unit.id))
-        except Exception:  # the unit's own error: recorded, and the worker goes on
-            store.fail(unit.id, unit.fingerprint, "".join(traceback.format_exc().splitlines(True)[-ERROR_LINES:]))
-            report.failed.append(unit.id)
-            print(f"evaluate: {unit.id} failed (worker {store.worker}): "
-                  f"{traceback.format_exc().strip().splitlines()[-1]}", file=sys.stderr, flush=True)
-            continue
-        except BaseException:  # Preempted, KeyboardInterrupt: the unit goes back to the queue
-            store.release(unit.id)
+            with _stops_deferred():
+                unit, left = next_unit(units, output_dir, store, started_at, done)
+            if unit is None:
+                if not left:
+                    return report
+                time.sleep(poll_seconds)  # every unit left is someone else's for now
+                continue
+            store.clear_failure(unit.id)  # an earlier command's failure: this is its one more try
+            try:
+                with Heartbeat(store, unit.id) as heartbeat:
+                    written = run_unit(unit, output_dir, store.worker,
+                                       keep=lambda: not heartbeat.lost.is_set() and store.holds(unit.id))
+            except Exception:  # the unit's own error: recorded, and the worker goes on
+                store.fail(unit.id, unit.fingerprint,
+                           "".join(traceback.format_exc().splitlines(True)[-ERROR_LINES:]))
+                report.failed.append(unit.id)
+                print(f"evaluate: {unit.id} failed (worker {store.worker}): "
+                      f"{traceback.format_exc().strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+                continue
+            if written:
+                store.release(unit.id)
+                report.ran.append(unit.id)
+                done.add(unit.id)
+            else:
+                report.dropped.append(unit.id)
+                print(f"evaluate: {unit.id}: worker {store.worker} lost its claim while running it (it stopped "
+                      f"beating for over {store.stale_s:g} s and another worker took the unit over); its result is "
+                      f"dropped", file=sys.stderr, flush=True)
+        except BaseException:  # Preempted, KeyboardInterrupt: the unit goes back to the queue (no-op once released)
+            if unit is not None:
+                store.release(unit.id)
             raise
-        if written:
-            store.release(unit.id)
-            report.ran.append(unit.id)
-            done.add(unit.id)
-        else:
-            report.dropped.append(unit.id)
-            print(f"evaluate: {unit.id}: worker {store.worker} lost its claim while running it (it stopped beating "
-                  f"for over {store.stale_s:g} s and another worker took the unit over); its result is dropped",
-                  file=sys.stderr, flush=True)
 
 
 @dataclass
