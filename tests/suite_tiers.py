@@ -156,6 +156,10 @@ SLOW = {
         "test_list_prices_the_suite_per_model_in_gpu_hours_and_wall_time",
         "test_status_says_which_worker_runs_what_since_when_and_what_is_left",
     ),
+    "tests/eval/test_grid_spawn.py": (
+        "test_a_refused_command_leaves_no_early_worker_running",
+        "test_a_worker_handed_no_work_ends_quietly",
+    ),
     "tests/eval/test_grid_workers.py": ALL,
     "tests/eval/test_hostile_eval_data.py": (
         "test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_2",

@@ -21,13 +21,18 @@ from mlmclm import quiet
 
 quiet.install()  # before anything imports megatron/torch: no TE/apex/CUDA-absent warning walls
 
+import sys
+
+if __name__ == "__main__":  # `grid --workers N --device cpu`: its extra workers import beside this script, not after
+    from mlmclm.eval.grid.spawn import start_early
+
+    start_early(sys.argv[1:])
+
 import argparse
 import signal
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mlmclm.convert.dist_reader import CheckpointReadError
 from mlmclm.eval.checks.smoke import SMOKE_BATCH_SIZE, SMOKE_LEARNING_RATES, SMOKE_MAX_STEPS
 from mlmclm.eval.checks.smoke_tasks import write_smoke_tasks
 from mlmclm.eval.data.data_root import check_manifest
@@ -43,12 +48,9 @@ from mlmclm.eval.grid.run import GridFailed, GridStopped, evaluate_grid
 from mlmclm.eval.grid.status import grid_status
 from mlmclm.eval.grid.suite_cost import DEFAULT_GPUS, price_suite
 from mlmclm.eval.grid.worker import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, Preempted, raise_preempted
-from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
 from mlmclm.eval.reports.summary import check_summary_replaceable, write_summary
 from mlmclm.export.retriever import check_kept_outputs, keep_retrievers
 from mlmclm.output_apart import check_output_apart
-from mlmclm.train.checkpoint import LATEST_FILE, TRAIN_STATE, CheckpointError
-from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped (training's too)
 
@@ -134,6 +136,8 @@ def _check_model_dir(value: str, path: Path) -> None:
     if (path / "config.json").is_file():
         return
     # a run folder, its checkpoints/ or one iter_* checkpoint: what training writes, not what fine-tuning reads
+    from mlmclm.train.checkpoint import LATEST_FILE, TRAIN_STATE
+
     if any((path / name).exists() for name in ("checkpoints", LATEST_FILE, TRAIN_STATE)):
         raise ValueError(f"--model {value}: {path} is a training run, not an exported model; export it first: "
                          f"python tools/convert_to_hf.py {path} OUT, then --model {value.partition('=')[0]}=OUT")
@@ -247,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _checkpoint_errors() -> tuple[type[Exception], ...]:
+    """The errors of the checkpoint readers, from the modules that define them when this command imported them
+    (`curve` reads checkpoints): the other commands never import megatron's checkpoint code (1.5 s of each start,
+    which a grid with workers waits for)."""
+    defined = (("mlmclm.convert.dist_reader", "CheckpointReadError"), ("mlmclm.train.checkpoint", "CheckpointError"),
+               ("mlmclm.train.safe_unpickle", "UnsafeCheckpointError"))
+    return tuple(getattr(sys.modules[module], name) for module, name in defined if module in sys.modules)
+
+
 def _print_summary(markdown_path: Path) -> None:
     """The summary's tables on the console (the full report stays in the file)."""
     print(markdown_path.read_text(encoding="utf-8").rstrip())
@@ -299,6 +312,8 @@ def _main(args) -> int:
         elif args.command == "status":
             print(grid_status(args.output_dir))
         elif args.command == "curve":
+            from mlmclm.eval.reports.data_efficiency import evaluate_checkpoints
+
             check_output_apart(args.output, {"training run": args.run_dir, "data root": args.data_root})
             print(evaluate_checkpoints(args.run_dir, _tasks(args), args.output, _protocol(args), every=args.every))
         else:
@@ -306,8 +321,8 @@ def _main(args) -> int:
             if not records:
                 raise FileNotFoundError(f"{args.output}: no run JSONs under runs/")
             _print_summary(write_summary(records, args.output, force=args.force))
-    except (ValueError, FileNotFoundError, FileExistsError, TaskDataError, ImportError, CheckpointError,
-            CheckpointReadError, UnsafeCheckpointError, FetchError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, TaskDataError, ImportError, FetchError,
+            *_checkpoint_errors()) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # one line, as training's Ctrl-C gives (recipes.interrupt), not a traceback

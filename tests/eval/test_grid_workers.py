@@ -38,15 +38,35 @@ def _start(model: Path, out: Path, workers: int, log: Path) -> subprocess.Popen:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _run(model: Path, out: Path, workers: int, capfd=None) -> str:
-    """The command in this process (its workers, with more than one, are processes of their own): what it prints."""
+def _run(model: Path, out: Path, workers: int, capfd=None, after_a_spawned_claim: bool = False) -> str:
+    """The command in this process (with more than one worker, it runs units here and the others are processes of
+    their own): what it prints. `after_a_spawned_claim`: this process starts its first unit only once a spawned
+    worker holds a claim, so that both run units however fast this one is (here nobody imports for it)."""
     with pytest.MonkeyPatch.context() as patch:
         for key, value in ENV.items():
             patch.setenv(key, value)
+        if after_a_spawned_claim:
+            _hold_the_first_unit_until_a_spawned_claim(patch, out)
         code = evaluate_main()(_arguments(model, out, workers))
     text = "" if capfd is None else "".join(capfd.readouterr())
     assert code == 0, text[-4000:]
     return text
+
+
+def _hold_the_first_unit_until_a_spawned_claim(patch: pytest.MonkeyPatch, out: Path) -> None:
+    from mlmclm.eval.grid import worker
+
+    real_run_unit, held = worker.run_unit, []
+
+    def run_unit(*args, **kwargs):
+        deadline = time.monotonic() + 300
+        while not held and time.monotonic() < deadline:
+            if [pid for pid in _pids_claiming(out) if pid != os.getpid()]:
+                held.append(True)
+            time.sleep(0.05)
+        return real_run_unit(*args, **kwargs)
+
+    patch.setattr(worker, "run_unit", run_unit)
 
 
 def _records(out: Path) -> dict[str, str]:
@@ -105,11 +125,11 @@ def test_two_workers_write_the_records_of_one_and_a_line_per_finished_unit(grid,
     out = grid["out"]
     _fresh(out)
     capfd.readouterr()
-    text = _run(grid["model"], out, 2, capfd)
+    text = _run(grid["model"], out, 2, capfd, after_a_spawned_claim=True)
     assert _records(out) == grid["records"]  # every field, the scores bit for bit, losses included
     assert (out / "summary.md").read_text() == grid["summary"]
     workers = {json.loads(p.read_text())["extra"]["worker"] for p in (out / "runs").glob("*/*/*.json")}
-    assert len(workers) == 2, workers  # both worker processes ran units
+    assert len(workers) == 2, workers  # both workers ran units: this process's loop and the spawned one
     assert "\r" not in text  # no bar in a log file
     done = [int(n) for n in re.findall(r"^evaluation runs: (\d)/8 done, \d left, ETA [^;]+; last finished: tiny/smoke_",
                                        text, flags=re.M)]
@@ -136,7 +156,7 @@ def test_a_worker_killed_mid_unit_loses_nothing(grid, capfd):
     killer = threading.Thread(target=kill_a_worker, daemon=True)
     capfd.readouterr()
     killer.start()
-    text = _run(grid["model"], out, 2, capfd)
+    text = _run(grid["model"], out, 2, capfd, after_a_spawned_claim=True)
     killer.join()
     assert killed and re.search(rf"^evaluate: worker \d \(pid {killed[0]}\): killed by SIGKILL; the unit it held "
                                 rf"goes back to the queue$", text, flags=re.M), text[-3000:]
@@ -163,11 +183,11 @@ def test_a_command_killed_whole_resumes_the_missing_units_and_sigterm_gives_its_
     assert 2 <= len(finished) < UNITS and _pids_claiming(out) == [proc.pid]  # its claim stayed behind
 
     # 2. the same command again: says what it finds, takes the dead claim over at once; SIGTERM mid-way -> 75
-    log = base / "k2.log"
+    log, dead = base / "k2.log", proc.pid
     proc = _start(grid["model"], out, 2, log)
-    try:
+    try:  # a unit done and another running (by the command's own loop or its spawned worker)
         _wait_for(lambda: len(list((out / "runs").glob("*/*/*.json"))) > len(finished) and
-                  [pid for pid in _pids_claiming(out) if pid != proc.pid], proc, log)
+                  [pid for pid in _pids_claiming(out) if pid != dead], proc, log)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 75, log.read_text()[-4000:]
     finally:

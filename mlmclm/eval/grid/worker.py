@@ -166,10 +166,14 @@ class WorkerPayload:
 
 
 def worker_main_from_stdin() -> None:
-    """A worker interpreter's entry (pool.start_worker): its payload, pickled by its own command, on stdin."""
+    """A worker interpreter's entry (spawn.spawn_worker): its payload, pickled by its own command, on stdin. An
+    empty one: the command ended without handing it work (it was started early, spawn.start_early): nothing to do."""
     import pickle
 
-    worker_main(pickle.loads(sys.stdin.buffer.read()))
+    data = sys.stdin.buffer.read()
+    if not data:
+        os._exit(0)
+    worker_main(pickle.loads(data))
 
 
 def worker_main(payload: WorkerPayload) -> None:
