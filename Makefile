@@ -26,20 +26,21 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed  ## create .venv (Python 3.12) with the package and its dev extras; demo and test run it
 
-# The inner loop's tier: every test that starts no process, and one spawned CLM→MLM run on 2 ranks
-# (tests/suite_tiers.py). MLMCLM_CHECK_TIER=1 fails a test outside SLOW that starts a process. Not a substitute for
-# `make test`, which runs all of these and the rest. 227 s here for 1037 tests (2026-12-06), on 2 cores not idle:
-# load average 4.2 -> 6.6 from other test runs beside it (docs/performance.md).
-check: setup  ## the fast tier: tests that start no process plus one spawned end-to-end run (<= 5 min)
-	MLMCLM_CHECK_TIER=1 $(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
-
 # Two pytest-xdist workers: a test file, or the files sharing a costly session fixture, run on one worker; the
 # longest groups start first (tests/suite_tiers.py). TEST_WORKERS=1: one worker, one test after another.
 TEST_WORKERS ?= 2
-test: setup  ## the whole suite on CPU (~41 min on 2 cores; tests/cluster needs Slurm)
+
+# The inner loop's tier: every test that starts no process, and one spawned CLM→MLM run on 2 ranks
+# (tests/suite_tiers.py). MLMCLM_CHECK_TIER=1 fails a test outside SLOW that starts a process. Not a substitute for
+# `make test`, which runs all of these and the rest. 70 s here for 1047 tests (2026-12-06, idle; 227 s under a load of
+# 4-7). In one process: two xdist workers took as long (75 s), so it does not use them (docs/performance.md).
+check: setup  ## the fast tier: tests that start no process plus one spawned end-to-end run (<= 5 min)
+	MLMCLM_CHECK_TIER=1 $(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
+
+test: setup  ## the whole suite on CPU (~32 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
-	@echo "make test: the whole suite, ~1463 tests; 41 min here (2429 s, 2026-12-06, clean-clone .ci/run of 6b2306d, 2 cores mostly idle; docs/performance.md)"
+	@echo "make test: the whole suite, ~1466 tests on 2 workers; 32 min here (1906 s, 2026-12-06, clean-clone .ci/run of a827541, 2 cores idle; docs/performance.md)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).

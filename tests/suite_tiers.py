@@ -159,6 +159,7 @@ SLOW = {
     "tests/eval/test_grid_spawn.py": (
         "test_a_refused_command_leaves_no_early_worker_running",
         "test_a_worker_handed_no_work_ends_quietly",
+        "test_early_workers_a_command_did_not_use_are_killed_as_it_exits",
     ),
     "tests/eval/test_grid_workers.py": ALL,
     "tests/eval/test_hostile_eval_data.py": (
