@@ -94,13 +94,15 @@ def pytest_collection_modifyitems(config, items):
 def _worker_groups(root: Path, items) -> dict:
     """Each test's xdist group (tests/suite_tiers.py SHARED_SESSION_FIXTURES): its file, or the costly session
     fixture one of its file's tests uses, so that the fixture is set up by one worker only."""
+    paths = {item: Path(str(item.path)).relative_to(root).as_posix() for item in items}
     file_group = {}
-    for item in items:
-        path = Path(str(item.path)).relative_to(root).as_posix()
+    for item, path in paths.items():
         shared = [f for f in suite_tiers.SHARED_SESSION_FIXTURES if f in getattr(item, "fixturenames", ())]
-        if shared or path not in file_group:
-            file_group[path] = shared[0] if shared else file_group.get(path, path)
-    return {item: file_group[Path(str(item.path)).relative_to(root).as_posix()] for item in items}
+        if shared:
+            file_group[path] = shared[0]
+        else:
+            file_group.setdefault(path, path)
+    return {item: file_group[path] for item, path in paths.items()}
 
 
 @pytest.fixture(autouse=True)

@@ -61,6 +61,7 @@ def start_early(argv: list[str]) -> int:
         known, _ = parser.parse_known_args(argv[1:])
     except (argparse.ArgumentError, SystemExit, ValueError):
         return 0
+    # a count far past the cores is left to the pool to start (and the parser to judge): not hundreds at once here
     if known.list or known.device != "cpu" or not 1 < known.workers <= (os.cpu_count() or 1) * 4:
         return 0
     if not _early:
