@@ -18,6 +18,7 @@ from pathlib import Path  # noqa: E402
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
+import suite_groups  # noqa: E402
 import suite_tiers  # noqa: E402
 from mlmclm.parallel import launch  # noqa: E402
 
@@ -71,38 +72,35 @@ def _listed(table: dict, path: str, name: str) -> bool:
     return names == suite_tiers.ALL or name in names
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The tiers' markers and the xdist worker groups, from tests/suite_tiers.py (one table, not a marker in each of
-    ~100 modules)."""
+    """The tiers' markers, from tests/suite_tiers.py (one table, not a marker in each of ~100 modules); the shared
+    session fixtures' files checked, and on an xdist worker the longest groups first (tests/suite_groups.py)."""
     root = Path(str(config.rootpath))
     for item in items:
-        path = Path(str(item.path)).relative_to(root).as_posix()
+        path = _path(root, item)
         name = getattr(item, "originalname", None) or item.name.split("[")[0]
         if _listed(suite_tiers.SLOW, path, name):
             item.add_marker(pytest.mark.slow)
         if _listed(suite_tiers.CHECK_RUN, path, name):
             item.add_marker(pytest.mark.check)
-    groups = _worker_groups(root, items)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
-        first = {group: i for i, group in enumerate(suite_tiers.LONGEST_FIRST)}
-        items.sort(key=lambda item: first.get(groups[item], len(first)))  # stable: the rest keep their order
+    problems = suite_groups.misplaced(
+        (item.nodeid, _path(root, item), getattr(item, "fixturenames", ())) for item in items)
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the order groups are dealt out
+        items.sort(key=lambda item: suite_groups.longest_first(_path(root, item)))  # stable: the rest keep theirs
 
 
-def _worker_groups(root: Path, items) -> dict:
-    """Each test's xdist group (tests/suite_tiers.py SHARED_SESSION_FIXTURES): its file, or the costly session
-    fixture one of its file's tests uses, so that the fixture is set up by one worker only."""
-    paths = {item: Path(str(item.path)).relative_to(root).as_posix() for item in items}
-    file_group = {}
-    for item, path in paths.items():
-        shared = [f for f in suite_tiers.SHARED_SESSION_FIXTURES if f in getattr(item, "fixturenames", ())]
-        if shared:
-            file_group[path] = shared[0]
-        else:
-            file_group.setdefault(path, path)
-    return {item: file_group[path] for item, path in paths.items()}
+def _path(root: Path, item) -> str:
+    return Path(str(item.path)).relative_to(root).as_posix()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s workers (`--dist loadgroup`): the groups of tests/suite_groups.py, in place of xdist's own."""
+    if config.getoption("dist") == "loadgroup":
+        return suite_groups.file_group_scheduler(config, log)
+    return None
 
 
 @pytest.fixture(autouse=True)

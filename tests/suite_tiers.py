@@ -301,6 +301,9 @@ SLOW = {
     "tests/test_readme_commands.py": (
         "test_a_documented_command_runs_as_written",
     ),
+    "tests/test_suite_groups.py": (
+        "test_each_shared_fixtures_files_and_each_file_run_on_one_worker",
+    ),
     "tests/test_tokenizer_probe.py": ALL,
     "tests/tools/test_shrink_te_core.py": ALL,
     "tests/train/test_branch.py": ALL,
@@ -355,12 +358,20 @@ SLOW = {
     "tests/train/test_training_run.py": ALL,
 }
 
-# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`): the tests of one file always share a
-# worker (its module-scoped runs are made once), and so do all files whose tests use one of these session-scoped
-# fixtures, each a spawned run worth paying once: the local Slurm with every scenario launched together, NeMo-Run's
+# `make test` runs the suite on two pytest-xdist workers: the tests of one file always share a worker (its
+# module-scoped runs are made once), and so do all the files whose tests use one of these session-scoped fixtures,
+# each a spawned run worth paying once: the local Slurm with every scenario launched together, NeMo-Run's
 # uninterrupted tiny run, the 4-rank TP2 x PP2 checkpoint. The cheap session fixtures (prepared corpora, tiny HF
-# models) are made once per worker instead.
-SHARED_SESSION_FIXTURES = ("slurm_cluster", "uninterrupted_tiny_run", "tp2pp2_run")
+# models) are made once per worker instead. xdist's controller sees test ids, not fixtures: the files are listed
+# (a path ending in "/": every file under it), and tests/conftest.py refuses a test that uses one of these fixtures
+# from a file not listed with it (tests/suite_groups.py).
+SHARED_FIXTURE_FILES = {
+    "slurm_cluster": ("tests/cluster/",),
+    "uninterrupted_tiny_run": ("tests/recipes/test_recipes_ctrl_c.py", "tests/recipes/test_recipes_local_run.py",
+                               "tests/recipes/test_recipes_refusals.py"),
+    "tp2pp2_run": ("tests/convert/test_convert_errors.py", "tests/convert/test_convert_roundtrip.py",
+                   "tests/convert/test_convert_verify.py", "tests/convert/test_outputs_apart_from_inputs.py"),
+}
 
 # The groups that start first, longest first (each the worker's seconds in a clean-clone `make test`,
 # docs/performance.md): a long group dealt out last would leave the other worker idle at the end.
