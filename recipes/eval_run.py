@@ -30,6 +30,21 @@ EXECUTORS = ("local", "slurm")
 TASK_NAME = "eval"
 
 
+def list_item(convert, what: str):
+    """An argparse type for one value of a list flag (`--seeds 0 1`). A key=value after the list is read as one of
+    its values: the refusal says where it goes instead."""
+    def parse(text: str):
+        try:
+            return convert(text)
+        except ValueError:
+            hint = (": a key=value after a list flag is read as one of its values; put it before the flags, or end the "
+                    "list with --" if "=" in text else "")
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}{hint}") from None
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
 def add_suite_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """evaluate.py grid's suite and protocol flags, as `--{prefix}smoke` etc. (the sweep prefixes `eval-`)."""
     flag = lambda name: f"--{prefix}{name}"  # noqa: E731
@@ -38,8 +53,8 @@ def add_suite_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
     parser.add_argument(flag("data-root"), metavar="DIR",
                         help="the paper suite from a folder `tools/evaluate.py fetch` wrote (offline nodes)")
     parser.add_argument(flag("task"), action="append", default=[], metavar="NAME", help="only this paper task")
-    parser.add_argument(flag("lrs"), type=float, nargs="+", default=[])
-    parser.add_argument(flag("seeds"), type=int, nargs="+", default=[])
+    parser.add_argument(flag("lrs"), type=list_item(float, "learning rate"), nargs="+", default=[])
+    parser.add_argument(flag("seeds"), type=list_item(int, "seed"), nargs="+", default=[])
     parser.add_argument(flag("max-steps"), type=int)
     parser.add_argument(flag("batch-size"), type=int)
 

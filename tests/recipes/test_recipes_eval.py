@@ -81,3 +81,31 @@ def test_bad_input_is_one_line_exit_2_and_nothing_made(argv, message, nemo_home,
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
     assert list(cwd.iterdir()) == [] and not any(Path(nemo_home).rglob("*"))
+
+
+HINT = "a key=value after a list flag is read as one of its values; put it before the flags, or end the list with --"
+
+
+@pytest.mark.parametrize("argv, item", [
+    pytest.param(["eval", "--model", "a=/x", "--output", "/o", "--smoke", "--seeds", "0", "1", "executor.gpus=false"],
+                 "invalid seed 'executor.gpus=false'", id="eval-seeds"),
+    pytest.param(["eval", "--model", "a=/x", "--output", "/o", "--smoke", "--lrs", "1e-4", "executor.gpus=false"],
+                 "invalid learning rate 'executor.gpus=false'", id="eval-lrs"),
+    pytest.param(["detour", "tiny", "--smoke", "--seeds", "0", "1", "steps=4"], "invalid seed 'steps=4'",
+                 id="detour-seeds"),
+])
+def test_a_key_value_after_a_list_flag_is_refused_saying_where_it_goes(argv, item, nemo_home, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert f"{item}: {HINT}" in capsys.readouterr().err
+
+
+def test_a_list_flag_ended_with_a_double_dash_leaves_the_key_values_as_overrides():
+    from recipes import eval_run
+
+    args = eval_run.parse_args(["--model", "a=/x", "--output", "/o", "--smoke", "--seeds", "0", "1", "--",
+                                "executor.gpus=false"])
+    assert args.seeds == [0, 1] and args.overrides == ["executor.gpus=false"]
+    with pytest.raises(SystemExit):
+        eval_run.parse_args(["--model", "a=/x", "--output", "/o", "--seeds", "zero"])  # a plain bad value: refused
