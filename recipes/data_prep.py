@@ -12,6 +12,11 @@ re-run of a job rewrites the same part, so a failed array element can simply be 
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a command: quiet before megatron's and torch's import-time warnings (an import
+    from mlmclm import quiet  # of this module as a library leaves the warnings filters alone)
+
+    quiet.install()
+
 import logging
 import os
 import sys

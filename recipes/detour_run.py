@@ -22,6 +22,11 @@ and control in parallel, then their exports, the evaluation (a job array: --arra
 report; paths are the jobs' (--source a directory the nodes reach)."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a command: quiet before megatron's and torch's import-time warnings (an import
+    from mlmclm import quiet  # of this module as a library leaves the warnings filters alone)
+
+    quiet.install()
+
 import argparse
 import inspect
 import json

@@ -26,6 +26,11 @@ nothing and says so.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a command: quiet before megatron's and torch's import-time warnings (an import
+    from mlmclm import quiet  # of this module as a library leaves the warnings filters alone)
+
+    quiet.install()
+
 import argparse
 import sys
 import warnings

@@ -271,6 +271,7 @@ SLOW = {
     "tests/recipes/test_recipes_preempted.py": (
         "test_a_preempted_task_is_reported_as_such",
     ),
+    "tests/recipes/test_recipes_quiet.py": ALL,
     "tests/recipes/test_recipes_refusals.py": ALL,
     "tests/recipes/test_recipes_registry.py": (
         "test_a_recipes_help_lists_its_parameters_with_types_and_defaults",
