@@ -169,18 +169,24 @@ def stage_executor(stage: Stage, kind: str, options: dict | None):
     return executor, stage_task(stage, job_checkout(executor))
 
 
-def none_after_a_failure(stage_names: set[str]):
+def none_after_a_failure(stage_names: set[str], progress=None):
     """Locally, NeMo-Run starts the next task of a sequence whatever became of the one before; a stage of the chain
     is not started after a task that did not succeed (or was not started): an export of a failed run, an evaluation
-    of a missing export, would only fail again."""
+    of a missing export, would only fail again. `progress` (recipes.chain_progress.ChainProgress) is told of each
+    launch."""
     from torchx.specs.api import AppState
 
     seen: list = []  # the jobs asked to launch so far, in order (locally each one has ended before the next)
+    succeeded = lambda j: j.launched and j.state == AppState.SUCCEEDED  # noqa: E731
 
     def after_a_failure(job) -> bool:
-        failed = any(not j.launched or j.state != AppState.SUCCEEDED for j in seen)
+        failed = not all(succeeded(j) for j in seen)
+        previous = succeeded(seen[-1]) if seen and seen[-1].launched else None
         seen.append(job)
-        return job.id in stage_names and failed
+        skip = job.id in stage_names and failed
+        if progress is not None:
+            progress.launching(job.id, skip, previous)
+        return skip
 
     return launches_skipped(after_a_failure)
 

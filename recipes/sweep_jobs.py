@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from dataclasses import dataclass
 
 import nemo_run as run
 
 from recipes import launch
+from recipes.chain_progress import ChainProgress
 from recipes.interrupt import LocalInterrupt
 from recipes.sweep_plan import PlannedRun, branch_points
 
@@ -78,7 +80,11 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
     launch.check_experiment_names(title, [job.name for job in jobs] + [stage.name for stage in stages])
     # locally, Ctrl-C stops the running job as a preemption does and starts no later one (recipes.interrupt)
     interrupt = None if slurm or dryrun or detach else LocalInterrupt(os.fdopen(os.dup(2), "w"))
-    with launch._interruptible(interrupt), none_after_a_failure({stage.name for stage in stages} if interrupt else set()), \
+    # locally, a line per job as it starts (NeMo-Run runs them one after the other and prints nothing of them)
+    progress = ChainProgress([job.name for job in jobs] + [stage.name for stage in stages], sys.stdout) \
+        if interrupt else None
+    with launch._interruptible(interrupt), \
+            none_after_a_failure({stage.name for stage in stages} if interrupt else set(), progress), \
             run.Experiment(title, base_dir=base_dir, log_level="WARN", skip_status_at_exit=True,
                            enable_goodbye_message=False,  # NeMo-Run's ~20 lines of status and hints
                            clean_mode=not (slurm or dryrun or detach)) as exp:  # and, locally, its banners and panel
@@ -101,6 +107,9 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
         statuses = launch.follow_slurm(exp, detach)[1]
     else:
         statuses = {} if dryrun or detach else exp.status(return_dict=True)
+    if progress is not None:
+        last = statuses.get(progress.current[0]) if progress.current else None
+        progress.finished(None if last is None else str(last["status"]) == "SUCCEEDED")
     if statuses:
         failed = {name: str(info["status"]) for name, info in statuses.items()
                   if str(info["status"]) != "SUCCEEDED"}

@@ -38,6 +38,13 @@ def test_the_tiny_sweep_with_eval_trains_exports_evaluates_and_reports_once(nemo
     assert all((evals / name / "summary.json").stat().st_mtime <= (report / "report.md").stat().st_mtime
                for name in RUNS)
     assert f"report: {report}/report.md" in out
+    # a line per job as it starts, the chain's 14 in order (locally NeMo-Run prints nothing of them)
+    order = ["tiny-clm-4-until-2", "tiny-clm-4", "tiny-mlm40-4", "tiny-clm-2-mlm40-4", "tiny-clm-dec4-mlm40-6",
+             *(f"{stage}-{name}" for name in RUNS for stage in ("export", "eval")), "report"]
+    starts = [line.split("] ", 1)[1].split(" starting")[0] for line in out.splitlines()
+              if line.startswith("sweep: ") and " starting (" in line]
+    assert starts == order, out
+    assert "sweep: report ended after " in out and "; 14 of 14 jobs ran in " in out, out
     experiments = sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir())
     # the same command again: nothing to train, export, evaluate or report; no experiment is made
     assert sweep.main(args) == 0
