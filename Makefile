@@ -27,7 +27,8 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed  ## create .venv (Python 3.12) with the package and its dev extras; demo and test run it
 
 # Two pytest-xdist workers: a test file, or the files sharing a costly session fixture, run on one worker; the
-# longest groups start first (tests/suite_tiers.py). TEST_WORKERS=1: one worker, one test after another.
+# longest groups start first (tests/suite_tiers.py). TEST_WORKERS=1: one worker, one test after another. A worker
+# that dies (killed out of memory) ends the run with its report, not a replacement running on into CI's limit.
 TEST_WORKERS ?= 2
 
 # The inner loop's tier: every test that starts no process, and one spawned CLM→MLM run on 2 ranks
@@ -41,7 +42,7 @@ test: setup  ## the whole suite on CPU (~29 min on 2 cores; tests/cluster needs 
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
 	@echo "make test: the whole suite, ~1471 tests on 2 workers; 29 min here (1742 s, 2026-12-06, clean-clone .ci/run of dc02a17, 2 cores idle; docs/performance.md)"
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --max-worker-restart 0 $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).
 slurm-install:  ## Debian's Slurm and MUNGE for tests/cluster and local_slurm (root)
