@@ -108,3 +108,13 @@ def test_retrieval_score_ranks_the_ten_most_similar_and_normalises_by_them():
     assert standard < encodeval  # the standard ideal counts the three relevant documents never retrieved
     one = retrieval_score(similarities[1:], relevant[1:])
     assert one == ndcg_at_k(rankings[1:], [{str(d) for d in relevant[1]}]) == pytest.approx(0.5)  # equal there
+
+
+def test_retrieved_ndcg_of_nan_similarities_is_nan_without_a_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice" would raise here
+        assert math.isnan(retrieved_ndcg([1.0, 0.0, 1.0], [float("nan")] * 3))
+        assert math.isnan(retrieved_ndcg([1.0, 0.0], [0.5, float("nan")]))
+        assert retrieved_ndcg([0.0, 0.0], [float("nan")] * 2) == 0.0  # nothing relevant: 0, as before

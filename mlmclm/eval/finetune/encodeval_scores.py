@@ -112,6 +112,8 @@ def retrieved_ndcg(labels: Sequence[float], scores: Sequence[float]) -> float:
     ideal = float(np.dot(np.sort(labels)[::-1], _discount_sums([1] * labels.size)))
     if ideal == 0:
         return 0.0
+    if np.isnan(scores).any():  # a diverged run's similarities: NaN, as the groups below would give, without
+        return float("nan")     # numpy's empty-slice warnings on the console (NaN equals no score, so its group is empty)
     groups = [labels[scores == value] for value in np.unique(scores)[::-1]]  # best score first
     return float(sum(group.mean() * span for group, span in zip(groups, _discount_sums([len(g) for g in groups]))))\
         / ideal
