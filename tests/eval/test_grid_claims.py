@@ -88,3 +88,28 @@ def test_the_heartbeat_keeps_a_claim_fresh_and_notices_when_it_is_lost(tmp_path,
         store.path("m/t/u").write_text(json.dumps({"worker": "someone else"}))  # taken over meanwhile
         time.sleep(0.3)
         assert heartbeat.lost.is_set()
+
+
+def test_a_taker_that_looked_before_another_took_over_takes_nothing_and_leaves_the_new_claim(tmp_path, monkeypatch):
+    """The interleaving CI hit under load: B reads the stale claim; A takes it over (its fresh claim); then B acts on
+    what it read. Renaming A's claim away would let C claim the unit in the gap, and A and C would both run it."""
+    unit = UNITS[0]
+    owner = ClaimStore(tmp_path, worker="elsewhere:1:aaaaaa")
+    assert owner.claim(unit, "fp")
+    old = time.time() - 3600
+    os.utime(owner.path(unit), (old, old))
+    a, b, c = (ClaimStore(tmp_path, worker=f"here:{n}:bbbbbb") for n in (2, 3, 4))
+    looked = b.read(unit)  # B's look: the stale claim
+    assert b.stale(looked) and a.take_over(unit, "fp") and a.holds(unit)
+    real_read, real_rename = ClaimStore.read, os.rename
+    reads = [looked]
+    monkeypatch.setattr(b, "read", lambda u: reads.pop() if reads else real_read(b, u))
+
+    def rename_then_c_claims(src, dst):  # C claims the moment the path is free
+        real_rename(src, dst)
+        c.claim(unit, "fp")
+
+    monkeypatch.setattr(os, "rename", rename_then_c_claims)
+    assert not b.take_over(unit, "fp")
+    assert a.holds(unit) and not c.holds(unit)  # A's claim stands; nobody else runs the unit
+    assert sorted(p.name for p in owner.path(unit).parent.iterdir()) == [owner.path(unit).name]  # no token left

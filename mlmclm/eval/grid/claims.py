@@ -4,8 +4,8 @@ A shared filesystem across nodes (NFS, Lustre) gives no reliable lock (`fcntl` l
 depend on a lock daemon), so only two atomic operations are used:
 - **`O_CREAT | O_EXCL`** creates `claims/<unit>.json`: of all the workers that try at once, one succeeds; it
   writes its worker id, host, pid (and the pid's start time), since when, and the unit's fingerprint.
-- **`rename`** takes a claim over: a stale claim is renamed to a name of the taker's own (of all who try, one
-  rename finds the file), then the taker creates a new claim with O_EXCL.
+- **`rename`** takes a claim over: the one worker that creates (O_EXCL) a token named after that stale claim, and
+  finds the claim still there, renames it to a name of its own and creates a new claim with O_EXCL.
 The claim's mtime is its heartbeat: its worker touches it every `beat_s` seconds while the unit runs. A claim is
 stale when its mtime is older than `stale_s` (clocks of the nodes must agree to well within that: NTP), or at once
 when it names a process of this host that is gone (a killed worker's unit need not wait out the heartbeat). A worker
@@ -17,6 +17,7 @@ before it failed, and once more by a command started later (grid.worker).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -62,6 +63,13 @@ class Claim:
 
     def process_gone(self) -> bool:
         return self.host == socket.gethostname() and process_start(self.pid) != self.pid_start
+
+
+def _instance(claim: Claim) -> str:
+    """One claim file's identity, the same for every worker that reads it: its worker and creation time (an
+    unreadable one, left by a crash before its write: its mtime, which nothing touches any more)."""
+    key = f"{claim.worker}|{claim.since!r}" if claim.worker else f"unreadable|{claim.beat!r}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class ClaimStore:
@@ -115,13 +123,36 @@ class ClaimStore:
         return time.time() - claim.beat > self.stale_s or (bool(claim.worker) and claim.process_gone())
 
     def take_over(self, unit: str, fingerprint: str) -> bool:
-        """Claims a unit whose claim is stale: renames it away (one renamer wins), checks it was still stale when
-        renamed (a beat may have come in between: then it goes back), and creates this worker's own claim."""
+        """Claims a unit whose claim is stale. One taker per stale claim: the one that creates (O_EXCL) the token
+        named after that claim, and finds the claim still there under it. Without the token, a worker that judged
+        the old claim stale could rename away the fresh claim another taker had just made, and a third worker claim
+        the unit in the gap: two workers would run it."""
         claim = self.read(unit)
         if claim is None:
             return self.claim(unit, fingerprint)
         if not self.stale(claim):
             return False
+        token = self.path(unit).with_name(f"{self.path(unit).name}.takeover.{_instance(claim)}")
+        try:
+            os.close(os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            try:  # a taker that died holding it would block the unit for good: stale tokens are removed
+                if time.time() - token.stat().st_mtime > self.stale_s:
+                    token.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
+            return False
+        try:
+            current = self.read(unit)
+            if current is None or _instance(current) != _instance(claim) or not self.stale(current):
+                return False  # taken over (or beating again) since this worker looked
+            return self._rename_and_claim(unit, fingerprint, claim)
+        finally:
+            token.unlink(missing_ok=True)
+
+    def _rename_and_claim(self, unit: str, fingerprint: str, claim: Claim) -> bool:
+        """Renames the stale claim away, checks it was still stale when renamed (a beat may have come in between:
+        then it goes back), and creates this worker's own claim."""
         path = self.path(unit)
         aside = path.with_name(f"{path.name}.stale.{self.worker.replace(':', '_')}")
         try:
