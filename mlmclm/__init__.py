@@ -1,0 +1,3 @@
+from mlmclm import megatron_jit
+
+megatron_jit.install()
