@@ -266,7 +266,6 @@ SLOW = {
         "test_slurm_branches_depend_on_the_segment_that_writes_their_checkpoint",
         "test_slurm_cpt_jobs_depend_on_their_decayed_parent",
         "test_slurm_dryrun_of_the_whole_paper_grid",
-        "test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs_unless_changed",
     ),
     "tests/recipes/test_recipes_preempted.py": (
         "test_a_preempted_task_is_reported_as_such",
@@ -389,7 +388,6 @@ LONGEST_FIRST = (
     "tests/train/test_preemption.py",
     "tests/train/test_training_run.py",
     "tests/test_demo.py",
-    "tests/recipes/test_recipes_paper_grid.py",
     "tests/benchmarks/test_gpu_deadlines.py",
     "tests/train/test_train_cli.py",
     "tests/train/test_fused_adam_resume.py",

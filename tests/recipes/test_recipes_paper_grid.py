@@ -190,37 +190,3 @@ def test_overrides_written_after_only_patterns_are_overrides_not_patterns(tmp_pa
     with pytest.raises(SystemExit):
         sweep.main(["paper", "--plan", *root, "--only", "nodes=12"])
     assert "--only needs at least one run name or pattern" in capsys.readouterr().err
-
-
-def test_tiny_grid_runs_on_cpu_with_a_dependent_cpt_and_skips_finished_runs_unless_changed(
-        nemo_home, tmp_path, tiny_data, capsys):
-    root = tmp_path / "grid"
-    args = ["tiny", "--run-root", str(root), "--data-path", tiny_data, "--only", "tiny-clm-4", "tiny-clm-dec*",
-            "tiny-clm-2-mlm40-4", "executor.gpus=false"]
-    assert sweep.main(args) == 0, capsys.readouterr()
-    clm, cpt, branch = root / "tiny-clm-4", root / "tiny-clm-dec4-mlm40-6", root / "tiny-clm-2-mlm40-4"
-    assert (clm / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
-    assert (cpt / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    # the biphasic run is a branch of the CLM run at step 2: the CLM run ran as two jobs (a segment to step 2, then
-    # the rest) and the branch trained only steps 3-4, from the parent's full state
-    assert (clm / "checkpoints" / "iter_0000002" / "train_state.json").exists()
-    state = json.loads((branch / "checkpoints" / "iter_0000004" / "train_state.json").read_text())
-    assert state["branched_from"] == {"checkpoint": str(clm / "checkpoints" / "iter_0000002"), "step": 2}
-    assert [json.loads(row)["step"] for row in (branch / "metrics.jsonl").read_text().splitlines()] == [3, 4]
-    assert any(p.name == sweep.segment_name("tiny-clm-4", 2) for p in Path(nemo_home).rglob("*") if p.is_dir())
-    state = json.loads((cpt / "checkpoints" / "iter_0000002" / "run_config.json").read_text())
-    assert state["checkpoint"]["init_from"] == str(clm)
-    logs = "".join(p.read_text() for p in Path(nemo_home).rglob("*.log") if "tiny-clm-dec" in str(p))
-    assert f"initialised weights from {clm / 'checkpoints' / 'iter_0000004'}" in logs
-    capsys.readouterr()
-    # the same command again: both finished, nothing is launched
-    assert sweep.main(args) == 0
-    out = capsys.readouterr().out
-    assert "nothing to launch" in out and out.count("finished") >= 3
-    # ... and with a setting changed since they finished: refused naming it, not skipped as finished
-    experiments = sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir())
-    assert sweep.main([*args, "seed=99"]) == 2
-    out, err = capsys.readouterr()
-    assert err.startswith("error: ") and err.count("\n") == 1 and "seed is " in err and "but 99 here" in err, err
-    assert str(clm / "checkpoints") in err and "nothing to launch" not in out, (out, err)
-    assert sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir()) == experiments  # nothing was launched

@@ -17,10 +17,11 @@ RUNS = ("tiny-clm-4", "tiny-mlm40-4", "tiny-clm-2-mlm40-4", "tiny-clm-dec4-mlm40
 def test_the_tiny_sweep_with_eval_trains_exports_evaluates_and_reports_once(nemo_home, tmp_path, tiny_data, capsys):
     root = tmp_path / "grid"
     args = ["tiny", "--run-root", str(root), "--data-path", tiny_data, "--with-eval", "--eval-seeds", "0",
-            "--eval-max-steps", "5", "executor.gpus=false"]
+            "--eval-max-steps", "2", "--eval-batch-size", "4", "executor.gpus=false"]
     assert sweep.main(args) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     hf, evals, report = (Path(f"{root}-{suffix}") for suffix in ("hf", "eval", "report"))
+    _grid_trained_with_a_branch_and_a_dependent_cpt(root, nemo_home)
     for name in RUNS:
         final = (root / name / "checkpoints" / "latest_checkpointed_iteration.txt")
         steps = 2 if "dec" in name else 4
@@ -49,9 +50,32 @@ def test_the_tiny_sweep_with_eval_trains_exports_evaluates_and_reports_once(nemo
     # the same command again: nothing to train, export, evaluate or report; no experiment is made
     assert sweep.main(args) == 0
     out = capsys.readouterr().out
+    assert out.count("finished") >= 3, out
     assert out.rstrip().endswith(f"nothing to launch: every selected run has finished, been exported and evaluated, "
                                  f"and the report is written ({report}/report.md)"), out
     assert sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir()) == experiments
+    # ... and with a setting changed since they finished: refused naming it, not skipped as finished
+    assert sweep.main([*args, "seed=99"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and "seed is " in err and "but 99 here" in err, err
+    assert str(root / "tiny-clm-4" / "checkpoints") in err and "nothing to launch" not in out, (out, err)
+    assert sorted(p for p in Path(nemo_home).rglob("*") if p.is_dir()) == experiments  # nothing was launched
+
+
+def _grid_trained_with_a_branch_and_a_dependent_cpt(root: Path, nemo_home) -> None:
+    """The biphasic run is a branch of the CLM run at step 2: the CLM run ran as two jobs (a segment to step 2,
+    then the rest) and the branch trained only steps 3-4, from the parent's full state; the CPT run started from
+    the CLM run's final weights. (Was test_recipes_paper_grid.py's own tiny-grid run, which trained the same runs.)"""
+    clm, cpt, branch = root / "tiny-clm-4", root / "tiny-clm-dec4-mlm40-6", root / "tiny-clm-2-mlm40-4"
+    assert (clm / "checkpoints" / "iter_0000002" / "train_state.json").exists()
+    state = json.loads((branch / "checkpoints" / "iter_0000004" / "train_state.json").read_text())
+    assert state["branched_from"] == {"checkpoint": str(clm / "checkpoints" / "iter_0000002"), "step": 2}
+    assert [json.loads(row)["step"] for row in (branch / "metrics.jsonl").read_text().splitlines()] == [3, 4]
+    assert any(p.name == sweep.segment_name("tiny-clm-4", 2) for p in Path(nemo_home).rglob("*") if p.is_dir())
+    state = json.loads((cpt / "checkpoints" / "iter_0000002" / "run_config.json").read_text())
+    assert state["checkpoint"]["init_from"] == str(clm)
+    logs = "".join(p.read_text() for p in Path(nemo_home).rglob("*.log") if "tiny-clm-dec" in str(p))
+    assert f"initialised weights from {clm / 'checkpoints' / 'iter_0000004'}" in logs
 
 
 def test_the_paper_chain_on_slurm_waits_for_each_run_and_sizes_each_evaluation(nemo_home, tmp_path, capsys):
