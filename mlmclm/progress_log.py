@@ -22,6 +22,18 @@ DEFAULT_INTERVAL = 30.0
 REAL_RUN_SECONDS = 1.0
 
 
+_LINE_LOCK = threading.Lock()
+
+
+def write_line(text: str, stream: TextIO | None = None) -> None:
+    """`text` and its newline in one write, flushed, one thread at a time: `print` writes the text and the newline
+    separately, so a progress line and a worker's notice printed from two threads could share a line."""
+    stream = stream or sys.stderr
+    with _LINE_LOCK:
+        stream.write(text + "\n")
+        stream.flush()
+
+
 def seconds_from_env(env: str, default: float) -> float:
     """A duration from $`env` (seconds, > 0), else `default`; a bad value is a ValueError naming the variable."""
     raw = os.environ.get(env, "")
@@ -58,7 +70,7 @@ class LogProgress:
             self.current = text
 
     def write(self, text: str, file: TextIO | None = None) -> None:
-        print(text, file=file or self.stream, flush=True)
+        write_line(text, file or self.stream)
 
     def status(self) -> str:
         with self._lock:
@@ -101,7 +113,7 @@ class _Silent:
         pass
 
     def write(self, text: str, file: TextIO | None = None) -> None:
-        print(text, file=file or sys.stderr, flush=True)
+        write_line(text, file or sys.stderr)
 
     def __iter__(self) -> Iterator:
         return iter(self.items)
@@ -183,7 +195,7 @@ class GridProgress:
         if self._bar is not None:
             self._bar.write(text, file=self.stream)
         else:
-            print(text, file=self.stream, flush=True)
+            write_line(text, self.stream)
 
     def status(self) -> str:
         eta = self.eta_seconds()

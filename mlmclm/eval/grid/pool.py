@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from mlmclm.eval.grid.units import Unit
 from mlmclm.eval.grid.worker import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, Preempted,
                                      WorkerPayload, raise_interrupted, raise_preempted, work)
 from mlmclm.parallel.runtime import gpu_count
+from mlmclm.progress_log import write_line
 
 MAX_REPLACEMENTS = 2  # per worker slot: a unit that kills its worker every time is not retried without end
 ENDED_NORMALLY = (0, 1, PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)
@@ -176,8 +176,7 @@ class _SpawnedWorkers:
                 if isinstance(process, _Ended) or code is None or code in ENDED_NORMALLY:
                     continue
                 self.result.lost.append(f"worker {slot + 2} (pid {process.pid}): {_death(code)}")
-                print(f"evaluate: {self.result.lost[-1]}; the unit it held goes back to the queue", file=sys.stderr,
-                      flush=True)
+                write_line(f"evaluate: {self.result.lost[-1]}; the unit it held goes back to the queue")
                 self.processes[slot] = _Ended(code)
                 if self.result.stopped is None and self.replaced[slot] < MAX_REPLACEMENTS:
                     self.replaced[slot] += 1

@@ -5,7 +5,6 @@ command's and other commands' — into progress lines, and the finished records 
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from mlmclm.eval.finetune.training import budget_steps
 from mlmclm.eval.grid.claims import ClaimStore
 from mlmclm.eval.grid.pool import PoolResult, run_pool
 from mlmclm.eval.grid.units import Unit, finished_records, plan_units
-from mlmclm.progress_log import GridProgress
+from mlmclm.progress_log import GridProgress, write_line
 
 PLAN_FILE = "plan.json"
 WATCH_SECONDS = 0.5  # how often the watcher looks for new records
@@ -121,7 +120,7 @@ def evaluate_grid(model_dirs: dict[str, Path], tasks: list[TaskSpec | TaskData],
                   say=None) -> GridOutcome:
     """Every unit of the grid finished (here or by other commands on the same folder), or failed, or the command
     stopped by a signal (see docs/evaluation.md, "Many runs at once")."""
-    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    say = say or write_line
     started = time.time()
     check_models(model_dirs)
     loaded = [t if isinstance(t, TaskData) else load_task(t) for t in tasks]
