@@ -8,6 +8,10 @@ import warnings
 # Quiet megatron's "TE/apex not installed" warnings; the fallbacks are what CPU tests exercise.
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per process (torchrun already sets it for its ranks): the suite runs 2 workers on 2 cores, and
+# two processes of 2 OpenMP threads each spin-wait on each other's cores — one in-process fine-tuning test took 6-10 s
+# beside a copy of itself, 1.5 s with one thread each (measured here, 2 cores). Inherited by every process started.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 import multiprocessing.pool  # noqa: E402
