@@ -1,5 +1,4 @@
 """The paper's pretraining grid as data, its plan, and one command that dry-runs it on Slurm or runs it on CPU."""
-import json
 from pathlib import Path
 
 import fiddle as fdl
