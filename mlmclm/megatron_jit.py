@@ -17,30 +17,27 @@ import sys
 MEGATRON_CORE = "megatron.core"
 
 
-def compile_on_first_call(fn=None, **options):
-    """`torch.compile(fn, **options)`, made the first time the function is called (torch.compile compiles then).
-    Takes both forms megatron uses: `@torch.compile` and `@torch.compile(**options)`."""
+def compile_on_first_call(fn=None, *, torch_compile=None, **options):
+    """`torch_compile(fn, **options)` (default: `torch.compile` as it is then), made the first time the function is
+    called (torch.compile compiles then). Takes both forms megatron uses: `@torch.compile` and
+    `@torch.compile(**options)`."""
     if fn is None:
-        return functools.partial(compile_on_first_call, **options)
+        return functools.partial(compile_on_first_call, torch_compile=torch_compile, **options)
     compiled = None
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         nonlocal compiled
         if compiled is None:
-            compiled = _real_compile()(fn, **options)
+            import torch
+            compiled = (torch_compile or torch.compile)(fn, **options)
         return compiled(*args, **kwargs)
 
     return call
 
 
-def _real_compile():
-    import torch
-    return getattr(torch.compile, "_deferred_from", torch.compile)
-
-
 class _DeferringLoader(importlib.abc.Loader):
-    """megatron-core's own loader, run with `torch.compile` deferring its decorations."""
+    """megatron-core's own loader, run with `torch.compile` deferring its decorations to the real one."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -51,9 +48,7 @@ class _DeferringLoader(importlib.abc.Loader):
     def exec_module(self, module):
         import torch
         real = torch.compile
-        deferring = functools.wraps(real)(compile_on_first_call)
-        deferring._deferred_from = real
-        torch.compile = deferring
+        torch.compile = functools.partial(compile_on_first_call, torch_compile=real)
         try:
             self._loader.exec_module(module)
         finally:

@@ -15,8 +15,8 @@ import megatron.core.jit as jit
 from megatron.core.fusions.fused_bias_gelu import bias_gelu
 print(json.dumps(dict(
     inductor="torch._inductor.compile_fx" in sys.modules,
-    compile_is_torchs=torch.compile.__module__ == "torch" and not hasattr(torch.compile, "_deferred_from"),
-    jit_fuser_defers=getattr(jit.jit_fuser, "_deferred_from", None) is torch.compile,
+    compile_is_torchs=getattr(torch.compile, "__module__", None) == "torch",
+    jit_fuser_defers=getattr(jit.jit_fuser, "keywords", {}).get("torch_compile") is torch.compile,
     fused_is_python=bias_gelu.__wrapped__.__code__.co_name == "bias_gelu")))
 """
 
