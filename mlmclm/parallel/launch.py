@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 from mlmclm.parallel import rendezvous
-from mlmclm.parallel.ports import free_ports
+from mlmclm.parallel.ports import loopback_listener
 
 
 _start_method = "spawn"
@@ -64,14 +64,46 @@ class _ForkedCaller:
             os.close(fd)
 
 
-def _worker(local_rank: int, fn: Callable, world_size: int, ports: tuple[int, int], args: tuple,
+class _HeldPort:
+    """The side store's port, chosen and listened on by the caller of `spawn` before any rank starts, so that no
+    other process can take it while the ranks start (seconds; CI saw 'address already in use' when the port was
+    only chosen there). Each rank receives a duplicate of the listening socket (multiprocessing's DupFd, under
+    spawn and the fork server alike): rank 0 serves the side store on it, the others close theirs."""
+
+    def __init__(self, listener):
+        self.port, self.listener = listener.getsockname()[1], listener
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_InheritedPort, (self.port, reduction.DupFd(self.listener.fileno())))
+
+
+class _InheritedPort:
+    def __init__(self, port: int, handle):
+        self.port, self.handle = port, handle
+
+    def take(self, is_rank_0: bool):
+        """Rank 0: the listening socket; any other rank: None (its duplicate closed)."""
+        import socket
+
+        listener = socket.socket(fileno=self.handle.detach())
+        listener.set_inheritable(False)   # this rank's own children never hold the port
+        if is_rank_0:
+            return listener
+        listener.close()
+        return None
+
+
+def _worker(local_rank: int, fn: Callable, world_size: int, side_port: _InheritedPort, args: tuple,
             caller: _ForkedCaller | None = None) -> None:
     if caller is not None:  # forked from the fork server
         caller.apply()
-    master_port, side_port = ports
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(local_rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
-    rendezvous.open_side_store(side_port, local_rank, world_size)  # each init_parallel then gets a fresh port
+    # MASTER_PORT is set by each init_parallel (rendezvous.use_fresh_port), from a port rank 0 holds already
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(local_rank), LOCAL_RANK=str(local_rank),
+                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    # each init_parallel then gets a fresh port through the side store
+    rendezvous.open_side_store(side_port.port, local_rank, world_size, side_port.take(local_rank == 0))
     from mlmclm import quiet
 
     quiet.install(children=False)  # the known third-party warnings, as in the process that spawned this one
@@ -89,8 +121,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     it would wait in a collective with the dead rank until torch's 30 s grace ends), with their children.
     """
     caller = _CallerState() if _start_method == "forkserver" else None
-    context = mp.start_processes(_worker, args=(fn, world_size, tuple(free_ports(2)), args, caller),
-                                 nprocs=world_size, join=False, start_method=_start_method)
+    with loopback_listener(backlog=max(128, world_size)) as side_listener:  # each rank took a duplicate at its start
+        context = mp.start_processes(_worker, args=(fn, world_size, _HeldPort(side_listener), args, caller),
+                                     nprocs=world_size, join=False, start_method=_start_method)
     try:
         while not context.join(grace_period=0):
             pass

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from mlmclm.parallel import cpu_emulation, rendezvous
 from mlmclm.parallel.local_store import process_group_store
-from mlmclm.parallel.ports import free_port
+from mlmclm.parallel.ports import loopback_listener
 
 
 # Refused rather than half-done: with CP > 1 megatron's attention expects each CP rank to hold its load-balanced
@@ -146,16 +146,20 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234, timeout_minutes: int = 
     emulated = cpu_emulation.install()
     backend = "gloo" if emulated else "nccl"
     if not dist.is_initialized():
+        held_port = None  # a socket listening on the port chosen for this group, until its store serves on it
         if "RANK" not in os.environ:
             # A single process without torchrun: a 1-rank group on a free local port.
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(free_port()))
+            if "MASTER_PORT" not in os.environ:
+                held_port = loopback_listener()
+                os.environ["MASTER_PORT"] = str(held_port.getsockname()[1])
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         if not emulated:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        rendezvous.use_fresh_port()  # a group started again in launch.spawn's processes: never the last one's port
+        # a group started again in launch.spawn's processes: never the last one's port
+        held_port = rendezvous.use_fresh_port() or held_port
         timeout = timedelta(minutes=timeout_minutes)
-        store = process_group_store(timeout)   # a job on this host only: its store listens on 127.0.0.1
+        store = process_group_store(timeout, held_port)   # a job on this host only: its store listens on 127.0.0.1
         if store is None:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:

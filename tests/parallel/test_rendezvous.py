@@ -68,3 +68,44 @@ def test_local_stores_listen_on_loopback_only(reports):
         capture_output=True, text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert single.returncode == 0, single.stderr[-2000:]
     assert json.loads(single.stdout.splitlines()[-1]) == ["127.0.0.1"]
+
+
+def _port_is_taken(port: int) -> bool:
+    """Whether another socket could bind this loopback port now (what any other process on the host could do)."""
+    import errno
+    import socket
+
+    with socket.socket() as thief:
+        try:
+            thief.bind(("127.0.0.1", port))
+        except OSError as error:
+            assert error.errno == errno.EADDRINUSE, error
+            return True
+    return False
+
+
+def test_a_groups_port_is_held_from_its_choice_until_its_store_serves_on_it(monkeypatch):
+    """CI: rank 0 of a spawned job died with 'address already in use' on a port chosen free seconds before; a port
+    only chosen, not held, may be taken by any process (an outgoing connection's ephemeral port) before its store
+    binds it. Rank 0 now publishes a port it listens on already, and the group's store serves on that socket. One
+    process with a side store of its own, as a spawned rank 0 has (the module's state restored afterwards)."""
+    from mlmclm.parallel import rendezvous
+    from mlmclm.parallel.local_store import process_group_store
+    from mlmclm.parallel.ports import free_port
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    saved = rendezvous._side_store, rendezvous._groups_started
+    try:
+        rendezvous.open_side_store(free_port(), 0, 1)
+        held = rendezvous.use_fresh_port()
+        port = int(os.environ["MASTER_PORT"])
+        assert port != 1 and _port_is_taken(port), "the published port was free for anyone to take"
+        store = process_group_store(__import__("datetime").timedelta(seconds=30), held)
+        store.set("served", "on the held socket")
+        assert store.get("served") == b"on the held socket" and store.port == port
+        del store
+    finally:
+        rendezvous._side_store, rendezvous._groups_started = saved
