@@ -6,6 +6,7 @@ import io
 import json
 import pickle
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,11 @@ def test_convert_to_hf_and_verify_refuse_hostile_checkpoints(trained, tmp_path, 
     run_dir, marker = _hostile_copy(trained[1], tmp_path, kind)
     for extra in ([], ["--verify"]):
         out = tmp_path / f"hf{len(extra)}"
-        assert tool_main("convert_to_hf")([str(run_dir), str(out), *extra]) == 2
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            assert tool_main("convert_to_hf")([str(run_dir), str(out), *extra]) == 2
+        # the refusal alone: not torch's "Detected pickle protocol 4 ... might not support" hint before it
+        assert [str(w.message) for w in shown if "pickle" in str(w.message)] == [], kind
         err = capsys.readouterr().err
         assert re.search(HOSTILE[kind][1], err), err
         assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}")]
