@@ -121,7 +121,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     it would wait in a collective with the dead rank until torch's 30 s grace ends), with their children.
     """
     caller = _CallerState() if _start_method == "forkserver" else None
-    with loopback_listener(backlog=max(128, world_size)) as side_listener:  # each rank took a duplicate at its start
+    with loopback_listener(clients=world_size) as side_listener:  # each rank took a duplicate at its start
         context = mp.start_processes(_worker, args=(fn, world_size, _HeldPort(side_listener), args, caller),
                                      nprocs=world_size, join=False, start_method=_start_method)
     try:

@@ -32,7 +32,7 @@ def loopback_store(port: int, world_size: int, is_master: bool, timeout: timedel
     if not is_master:
         return dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
     if listener is None:
-        listener = loopback_listener(port, max(128, world_size))
+        listener = loopback_listener(port, world_size)
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=timeout,
                               wait_for_workers=wait_for_workers, master_listen_fd=listener.fileno())

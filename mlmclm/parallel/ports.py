@@ -18,14 +18,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def loopback_listener(port: int = 0, backlog: int = 128) -> socket.socket:
-    """A socket listening on 127.0.0.1:`port` (0: a port the OS picks, held by this socket until it is closed);
-    `backlog` at least the number of ranks that connect at once."""
+def loopback_listener(port: int = 0, clients: int = 1) -> socket.socket:
+    """A socket listening on 127.0.0.1:`port` (0: a port the OS picks, held by this socket until it is closed), its
+    backlog room for `clients` connecting at once (at least 128)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", port))
-        listener.listen(backlog)
+        listener.listen(max(128, clients))
     except BaseException:
         listener.close()
         raise

@@ -46,7 +46,7 @@ def use_fresh_port() -> socket.socket | None:
     key = f"mlmclm/master_port/{_groups_started}"
     listener = None
     if os.environ["RANK"] == "0":
-        listener = loopback_listener(backlog=max(128, int(os.environ["WORLD_SIZE"])))
+        listener = loopback_listener(clients=int(os.environ["WORLD_SIZE"]))
         _side_store.set(key, str(listener.getsockname()[1]))
     os.environ["MASTER_PORT"] = _side_store.get(key).decode()
     return listener

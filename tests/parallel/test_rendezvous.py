@@ -3,6 +3,7 @@ rendezvous on a port of its own, and a rank that finishes first cannot reach the
 import json
 import os
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_a_groups_port_is_held_from_its_choice_until_its_store_serves_on_it(monk
         held = rendezvous.use_fresh_port()
         port = int(os.environ["MASTER_PORT"])
         assert port != 1 and _port_is_taken(port), "the published port was free for anyone to take"
-        store = process_group_store(__import__("datetime").timedelta(seconds=30), held)
+        store = process_group_store(timedelta(seconds=30), held)
         store.set("served", "on the held socket")
         assert store.get("served") == b"on the held socket" and store.port == port
         del store
