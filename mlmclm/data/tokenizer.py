@@ -135,9 +135,7 @@ def tokenizer_identity(tokenizer) -> dict:
 
     A BERT-style tokenizer without BOS/EOS tokens (ModernBERT's: [CLS] opens, [SEP] closes) gives its CLS and SEP
     ids those roles: documents are then packed [CLS] … [SEP], as ModernBERT frames its inputs."""
-    name = str(getattr(tokenizer, "name_or_path", "") or "")
-    if name and Path(name).is_dir():
-        name = Path(name).name  # a cache path differs between machines; its last part does not
+    name = identity_name(str(getattr(tokenizer, "name_or_path", "") or ""))
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     return {
         "name": name,
@@ -148,6 +146,14 @@ def tokenizer_identity(tokenizer) -> dict:
         "mask_id": tokenizer.mask_token_id,
         "pad_id": tokenizer.pad_token_id,
     }
+
+
+def identity_name(name_or_path: str) -> str:
+    """The `name` of a tokenizer's identity: a local directory's last part (a cache path differs between machines;
+    its last part does not), else the name as given."""
+    if name_or_path and Path(name_or_path).is_dir():
+        return Path(name_or_path).name
+    return name_or_path
 
 
 SPECIAL_ROLES = ("bos_id", "eos_id", "mask_id", "pad_id")

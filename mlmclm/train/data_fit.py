@@ -8,14 +8,6 @@ from mlmclm.data.manifest import Manifest
 from mlmclm.train.config import TrainConfig
 
 
-def resolve_tokenizer_path(name: str | None) -> str | None:
-    if name == "embedded":
-        from mlmclm.data.tokenizer import embedded_tokenizer_dir
-
-        return str(embedded_tokenizer_dir())
-    return name
-
-
 def check_data_fits_model(cfg: TrainConfig, manifest: Manifest, phase: int = 0, model=None) -> None:
     """Phase `phase`'s data (`manifest`) fits the model that phase trains (`model`: its θ and context)."""
     tok = manifest.tokenizer
@@ -51,7 +43,8 @@ def check_data_fits_model(cfg: TrainConfig, manifest: Manifest, phase: int = 0, 
 
 @functools.lru_cache(maxsize=None)
 def _tokenizer_identity(name: str) -> dict:
-    """The identity of the tokenizer a config names, loaded once per process (each phase's data checks it)."""
-    from mlmclm.data.tokenizer import load_tokenizer, tokenizer_identity
+    """The identity of the tokenizer a config names, once per process (each phase's data checks it); a local
+    directory's from the tokenizer-identity cache, so that a rank need not import `transformers` for it."""
+    from mlmclm.data.identity_cache import cached_tokenizer_identity
 
-    return tokenizer_identity(load_tokenizer(resolve_tokenizer_path(name)))
+    return cached_tokenizer_identity(name)
