@@ -199,16 +199,20 @@ def _encode(texts: list[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
-def _batches(docs: Iterable[tuple[int, str | None]], size: int,
-             group_docs: int) -> Iterator[tuple[int, list[str]]]:
-    """(group, texts) batches of the non-empty wanted documents; a batch never spans two groups."""
-    batch, group = [], None
+def _batches(docs: Iterable[tuple[int, str | None]], size: int, group_docs: int,
+             first: int | None = None) -> Iterator[tuple[int, list[str]]]:
+    """(group, texts) batches of the non-empty wanted documents; a batch never spans two groups. With `first`, the
+    batches start at that many documents and double up to `size`: a preparation capped by `max_tokens` stops
+    drawing documents soon after it has enough (the tiny recipes' 40k tokens are one or two of the embedded
+    corpus's 42 works, which one batch of 512 tokenized whole: 8.5 CPU-s instead of 0.75 on the development
+    machine)."""
+    batch, group, limit = [], None, min(first or size, size)
     for index, text in docs:
         if text is None or not text.strip():
             continue
-        if batch and (len(batch) == size or index // group_docs != group):
+        if batch and (len(batch) == limit or index // group_docs != group):
             yield group, batch
-            batch = []
+            batch, limit = [], min(2 * limit, size)
         group = index // group_docs
         batch.append(text)
     if batch:
@@ -218,7 +222,9 @@ def _batches(docs: Iterable[tuple[int, str | None]], size: int,
 def _encoded(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig,
              tokenizer_json: str) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(group, flat ids, lengths) per batch of documents, in input order; at most 2 batches per worker in flight."""
-    batches = _batches(docs, cfg.docs_per_task, cfg.group_docs)
+    # Not with a validation split: its held-out documents are those drawn before the cap, and they stay as they were.
+    ramp = cfg.max_tokens is not None and cfg.validation_every is None
+    batches = _batches(docs, cfg.docs_per_task, cfg.group_docs, first=1 if ramp else None)
     if cfg.workers <= 1:
         from tokenizers import Tokenizer
 
