@@ -199,37 +199,44 @@ def _encode(texts: list[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
-def _batches(docs: Iterable[tuple[int, str | None]], size: int, group_docs: int,
-             first: int | None = None) -> Iterator[tuple[int, list[str]]]:
-    """(group, texts) batches of the non-empty wanted documents; a batch never spans two groups. With `first`, the
-    batches start at that many documents and double up to `size`: a preparation capped by `max_tokens` stops
-    drawing documents soon after it has enough (the tiny recipes' 40k tokens are one or two of the embedded
-    corpus's 42 works, which one batch of 512 tokenized whole: 8.5 CPU-s instead of 0.75 on the development
-    machine)."""
-    batch, group, limit = [], None, min(first or size, size)
+def _batches(docs: Iterable[tuple[int, str | None]], size: int,
+             group_docs: int) -> Iterator[tuple[int, list[str]]]:
+    """(group, texts) batches of the non-empty wanted documents; a batch never spans two groups."""
+    batch, group = [], None
     for index, text in docs:
         if text is None or not text.strip():
             continue
-        if batch and (len(batch) == limit or index // group_docs != group):
+        if batch and (len(batch) == size or index // group_docs != group):
             yield group, batch
-            batch, limit = [], min(2 * limit, size)
+            batch = []
         group = index // group_docs
         batch.append(text)
     if batch:
         yield group, batch
 
 
+def _growing_parts(batch: list[str]) -> Iterator[list[str]]:
+    """`batch` in consecutive parts of 1, 2, 4, ... documents. A preparation capped by `max_tokens` stops asking for
+    parts once it has enough: the tiny recipes' 40k tokens are one or two of the embedded corpus's 42 works, which
+    one batch of 512 tokenized whole (8.5 CPU-s instead of 0.75 on the development machine). The batch itself is
+    drawn as before (a validation split holds out the documents drawn), and the rows do not depend on the parts."""
+    start, size = 0, 1
+    while start < len(batch):
+        yield batch[start:start + size]
+        start, size = start + size, 2 * size
+
+
 def _encoded(docs: Iterable[tuple[int, str | None]], cfg: PrepareConfig,
              tokenizer_json: str) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(group, flat ids, lengths) per batch of documents, in input order; at most 2 batches per worker in flight."""
-    # Not with a validation split: its held-out documents are those drawn before the cap, and they stay as they were.
-    ramp = cfg.max_tokens is not None and cfg.validation_every is None
-    batches = _batches(docs, cfg.docs_per_task, cfg.group_docs, first=1 if ramp else None)
+    batches = _batches(docs, cfg.docs_per_task, cfg.group_docs)
     if cfg.workers <= 1:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(tokenizer_json)
-        yield from ((group, *_encode(batch, tokenizer)) for group, batch in batches)
+        for group, batch in batches:
+            parts = _growing_parts(batch) if cfg.max_tokens is not None else [batch]
+            yield from ((group, *_encode(part, tokenizer)) for part in parts)
         return
     with mp.get_context("spawn").Pool(cfg.workers, initializer=_init_worker, initargs=(tokenizer_json,)) as pool:
         pending = collections.deque()

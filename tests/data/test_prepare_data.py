@@ -194,25 +194,26 @@ def test_make_docs_fixture_is_varied():
     assert len(set(make_docs(50))) == 50
 
 
-def test_a_capped_preparation_tokenizes_about_the_documents_it_writes(tmp_path, tok_dir, docs):
-    """With max_tokens, documents are drawn (and tokenized) in batches of 1, 2, 4, ... up to docs_per_task: a
-    preparation that needs the first few documents of a large corpus stops drawing soon after (the tiny recipes' 40k
-    tokens are one or two of the embedded corpus's 42 works, which one batch of 512 tokenized whole). The rows are
-    those of the same documents in the same order."""
-    from mlmclm.data.prepare import _prepare_with_validation
+def test_a_capped_preparation_tokenizes_about_the_documents_it_writes(tmp_path, tok_dir, docs, monkeypatch):
+    """With max_tokens, each batch of documents is tokenized in parts of 1, 2, 4, ... documents: a preparation that
+    needs the first few documents of a large corpus stops tokenizing soon after (the tiny recipes' 40k tokens are
+    one or two of the embedded corpus's 42 works, which one batch of 512 tokenized whole). The rows are those of
+    the same documents in the same order."""
+    from mlmclm.data import prepare as module
 
-    drawn = []
+    tokenized, encode = [], module._encode
 
-    def documents():
-        for index, text in enumerate(docs):
-            drawn.append(index)
-            yield index, text
+    def counted(texts, tokenizer=None):  # the real tokenization, counted
+        tokenized.extend(texts)
+        return encode(texts, tokenizer)
 
-    capped = _prepare_with_validation(documents(), cfg(["docs"], tmp_path / "capped", tok_dir, max_tokens=1000,
-                                                       docs_per_task=512), inputs=["docs"])
-    capped_docs, _ = documents_in(tmp_path / "capped")
-    assert capped.num_tokens == 1000 and len(capped_docs) < 40 and len(drawn) <= 2 * len(capped_docs) + 1, drawn
+    monkeypatch.setattr(module, "_encode", counted)
     write_jsonl(tmp_path / "a.jsonl", docs)
+    capped = prepare(cfg([tmp_path / "a.jsonl"], tmp_path / "capped", tok_dir, max_tokens=1000, docs_per_task=512))
+    capped_docs, _ = documents_in(tmp_path / "capped")
+    assert capped.num_tokens == 1000 and len(capped_docs) < 40 and len(tokenized) < 2 * len(capped_docs), (
+        len(tokenized), len(capped_docs))
+    monkeypatch.setattr(module, "_encode", encode)
     prepare(cfg([tmp_path / "a.jsonl"], tmp_path / "whole", tok_dir, docs_per_task=512))
     whole_docs, _ = documents_in(tmp_path / "whole")
     assert capped_docs[:-1] == whole_docs[:len(capped_docs) - 1]  # the last one is cut at the cap
