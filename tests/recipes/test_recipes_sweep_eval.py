@@ -8,7 +8,9 @@ import pytest
 
 from recipes import sweep
 
-# five torchrun launches (four runs, one a segment), four exports and evaluations, the report: ~5 min on 2 cores
+# five torchrun launches (four runs, one a segment), four exports and evaluations, the report: ~5 min on 2 cores.
+# One rank a run: the test is about the chain (segments, branch, dependencies, exports, evaluations, report); two
+# ranks through NeMo-Run's local executor are the local-run and Ctrl-C tests' (tests/recipes/conftest.py).
 pytestmark = pytest.mark.timeout(1500)
 
 RUNS = ("tiny-clm-4", "tiny-mlm40-4", "tiny-clm-2-mlm40-4", "tiny-clm-dec4-mlm40-6")
@@ -17,7 +19,7 @@ RUNS = ("tiny-clm-4", "tiny-mlm40-4", "tiny-clm-2-mlm40-4", "tiny-clm-dec4-mlm40
 def test_the_tiny_sweep_with_eval_trains_exports_evaluates_and_reports_once(nemo_home, tmp_path, tiny_data, capsys):
     root = tmp_path / "grid"
     args = ["tiny", "--run-root", str(root), "--data-path", tiny_data, "--with-eval", "--eval-seeds", "0",
-            "--eval-max-steps", "2", "--eval-batch-size", "4", "executor.gpus=false"]
+            "--eval-max-steps", "2", "--eval-batch-size", "4", "executor.gpus=false", "processes=1"]
     assert sweep.main(args) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     hf, evals, report = (Path(f"{root}-{suffix}") for suffix in ("hf", "eval", "report"))
