@@ -101,9 +101,12 @@ def cached_tokenizer_identity(name: str) -> dict:
         key = directory_key(Path(source)) if Path(source).is_dir() else None
     except OSError:  # an unreadable directory: the tokenizer's own loader reports it
         key = None
-    if key is None:
+    try:
+        path = entry_path(key) if key is not None else None
+    except RuntimeError:  # no $MLMCLM_CACHE and no home directory (a container user without one): no cache
+        path = None
+    if path is None:
         return tokenizer_identity(load_tokenizer(source))
-    path = entry_path(key)
     cached = read_entry(path)
     if cached is not None:
         return {"name": identity_name(source), **{field: cached[field] for field in _FIELDS}}

@@ -86,3 +86,11 @@ def test_a_directory_the_cache_cannot_key_loads_the_tokenizer(tokenizer, tmp_pat
     assert identity_cache.directory_key(tokenizer) is None
     assert identity_cache.cached_tokenizer_identity(str(tokenizer)) == _loaded(tokenizer)
     assert _entries(tmp_path) == []
+
+
+def test_a_cache_folder_that_cannot_be_written_still_gives_the_identity(tokenizer, tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("MLMCLM_CACHE", str(blocked))
+    assert identity_cache.cached_tokenizer_identity(str(tokenizer)) == _loaded(tokenizer)
+    assert blocked.read_text() == "a file where the cache folder would be"
