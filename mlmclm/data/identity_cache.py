@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.bounded_read import FileRefusedError, open_regular_file
+from mlmclm.bounded_read import FileRefusedError, open_regular_file, read_regular_json
 from mlmclm.data.tokenizer import (cache_root, check_token_ids, embedded_tokenizer_dir, identity_name, load_tokenizer,
                                    tokenizer_identity)
 
@@ -30,8 +30,7 @@ HASHED_FILE_LIMIT = 64 * 1024 * 1024  # tokenizer files are far smaller; weights
 MAX_FILES = 256
 _ENTRY_LIMIT = 64 * 1024  # an identity is a few hundred bytes
 _FORMAT = 1  # bump when tokenizer_identity's fields or meaning change
-_FIELDS = {"vocab_hash": str, "vocab_size": int, "bos_id": (int, type(None)), "eos_id": (int, type(None)),
-           "mask_id": (int, type(None)), "pad_id": (int, type(None))}
+_FIELDS = ("vocab_hash", "vocab_size", "bos_id", "eos_id", "mask_id", "pad_id")  # the identity's, less its name
 
 
 def directory_key(directory: Path) -> str | None:
@@ -74,20 +73,14 @@ def entry_path(key: str) -> Path:
 
 
 def read_entry(path: Path) -> dict | None:
-    """The cached identity (without its name) at `path`, or None when it is missing or not a well-formed one."""
+    """The cached identity (without its name) at `path`, or None when it is missing or not a well-formed one (its
+    ids checked as a manifest's are: `check_token_ids`)."""
     try:
-        with open_regular_file(path, _ENTRY_LIMIT) as stream:
-            entry = json.loads(stream.read().decode("utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(entry, dict) or set(entry) != set(_FIELDS):
-        return None
-    for field, kinds in _FIELDS.items():
-        if isinstance(entry[field], bool) or not isinstance(entry[field], kinds):
+        entry = read_regular_json(path, _ENTRY_LIMIT)
+        if not isinstance(entry, dict) or set(entry) != set(_FIELDS) or not isinstance(entry["vocab_hash"], str):
             return None
-    try:
         check_token_ids(entry, where=str(path))
-    except ValueError:
+    except (OSError, ValueError):
         return None
     return entry
 
