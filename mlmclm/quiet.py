@@ -1,4 +1,5 @@
-"""The one place that silences the third-party warnings every run without CUDA, Transformer Engine or apex prints.
+"""The one place that silences the third-party warnings every run without CUDA, Transformer Engine or apex prints
+(and NeMo-Run's timing-dependent wait for its log tail).
 
 megatron-core warns once per module that TE and apex are absent (six lines on import), and torch logs that it found
 no CUDA runtime. On CPU these say nothing a user can act on, so the tools, the recipe launcher and the demo call
@@ -32,6 +33,9 @@ KNOWN_LOG_MESSAGES = {
     "torch.utils.cpp_extension": "No CUDA runtime is found",
     "megatron.core.models.gpt.gpt_model": "GPTModel IS DEPRECATED",
     "megatron.core.dist_checkpointing.strategies.torch": "MCore's async save is deprecated",
+    # NeMo-Run, when a local task ends while the thread tailing its log is still reading: "Waiting for <task>'s log
+    # thread to complete for 10 seconds..." on stderr, or not, by timing; it came before a refusal's one line
+    "nemo_run.run.torchx_backend.launcher": "Waiting for ",
 }
 _TORCH_LOGGER = "torch.utils.cpp_extension"
 
