@@ -7,7 +7,7 @@
 
 Everything lives in DIR (its own munge key and socket, configuration, state, spool, logs, PID files); the daemons
 listen on 127.0.0.1 only (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`, every address 127.0.0.1), on
-ports free when the cluster came up. The nodes `n1`, `n2` are two `slurmd -N` on this host, each advertising `cpus` CPUs
+ports free when the cluster came up, below the kernel's ephemeral range (no outgoing connection takes them first). The nodes `n1`, `n2` are two `slurmd -N` on this host, each advertising `cpus` CPUs
 (`SlurmdParameters=config_overrides`: more than the machine has is allowed). The settings are the ones that run in
 a container without systemd or cgroups (linuxproc process tracking, no task plugin, no accounting), with
 scheduling every second, a 5 s credential lifetime so a requeued job restarts in seconds, and jobs kept visible to
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import signal
 import socket
@@ -55,15 +56,39 @@ def _binary(name: str) -> str:
     return found
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
+# The daemons bind their ports themselves, after this process has let them go. A port the kernel handed out
+# (bind to port 0) comes from its ephemeral range, which every outgoing connection on the host also draws from (a
+# test's torchrun, pip, a process group's store): one of those could take it in between, and slurmctld or slurmd
+# would fail to start. Ports below that range are only ever taken by a process that asks for the number itself.
+DAEMON_PORTS_FLOOR = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands out on its own (32768 when it does not say)."""
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports below the ephemeral range, each free now (bound once and let go)."""
+    ceiling = ephemeral_floor()
+    if ceiling - DAEMON_PORTS_FLOOR < 100 * count:
+        raise RuntimeError(f"the kernel's ephemeral ports start at {ceiling} ({EPHEMERAL_RANGE}): too few ports "
+                           f"below it (from {DAEMON_PORTS_FLOOR}) for the local Slurm's {count} daemons")
+    found: list[int] = []
+    for port in random.SystemRandom().sample(range(DAEMON_PORTS_FLOOR, ceiling), 100 * count):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # taken now
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"no {count} free ports between {DAEMON_PORTS_FLOOR} and {ceiling} on 127.0.0.1")
 
 
 @dataclass

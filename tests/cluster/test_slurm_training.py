@@ -61,3 +61,22 @@ def test_preempted_by_time_limit_and_scancel_usr1_saves_requeues_and_resumes_exa
     # bit-identical to the uninterrupted run (one row per step: metrics.jsonl is rewound at each resume)
     assert losses(run_dir) == losses(scenarios["dirs"]["local"])
     no_job_process_left(slurm_cluster)
+
+
+def test_the_daemons_listen_on_the_ports_chosen_below_the_kernels_ephemeral_range(slurm_cluster):
+    """slurmctld and each slurmd bind the ports the config names after `up` let them go: a port the kernel hands
+    out (bind to 0) could be taken by any outgoing connection in between (a test's rendezvous, pip), and a daemon
+    would fail to start. The chosen ports are below the kernel's ephemeral range, and the daemons hold them."""
+    import re
+
+    import psutil
+
+    from cluster.local_slurm import DAEMON_PORTS_FLOOR, ephemeral_floor
+
+    text = slurm_cluster.conf.read_text()
+    ports = [int(p) for p in re.findall(r"^SlurmctldPort=(\d+)$", text, flags=re.M)]
+    ports += [int(p) for p in re.findall(r"^NodeName=\S+ .*\bPort=(\d+)\b", text, flags=re.M)]
+    assert len(ports) == 1 + len(slurm_cluster.nodes) == len(set(ports)), text
+    assert all(DAEMON_PORTS_FLOOR <= port < ephemeral_floor() for port in ports), (ports, ephemeral_floor())
+    listening = {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    assert set(ports) <= listening, (ports, sorted(listening))
