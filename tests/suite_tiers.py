@@ -73,6 +73,9 @@ SLOW = {
         "test_prepare_data_takes_the_bound_and_refuses_in_one_line",
     ),
     "tests/data/test_credentials_from_environment.py": ALL,
+    "tests/data/test_identity_cache.py": (
+        "test_a_later_process_reads_the_same_identity_without_importing_transformers",
+    ),
     "tests/data/test_embedded_tokenizer.py": (
         "test_embedded_tokenizer_roles_cache_and_race",
     ),
