@@ -32,11 +32,11 @@ setup: $(VENV)/.installed  ## create .venv (Python 3.12) with the package and it
 TEST_WORKERS ?= 2
 
 # The inner loop's tier: every test that starts no process, and one spawned CLM→MLM run on 2 ranks
-# (tests/suite_tiers.py). MLMCLM_CHECK_TIER=1 fails a test outside SLOW that starts a process. Not a substitute for
+# (tests/suite_tiers.py). A test outside SLOW that starts a process fails (in `make test` too). Not a substitute for
 # `make test`, which runs all of these and the rest. 70 s here for 1047 tests (2026-12-06, idle; 227 s under a load of
 # 4-7). In one process: two xdist workers took as long (75 s), so it does not use them (docs/performance.md).
 check: setup  ## the fast tier: tests that start no process plus one spawned end-to-end run (<= 5 min)
-	MLMCLM_CHECK_TIER=1 $(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
 
 test: setup  ## the whole suite on CPU (~23 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \

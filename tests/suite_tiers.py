@@ -1,15 +1,15 @@
 """Which tests `make check` leaves out: those that start processes (the `slow` marker), and the one spawned run it
 keeps (the `check` marker). tests/conftest.py marks the collected tests from these tables.
 
-`make check` is the inner loop's tier (pytest -m "not slow or check", under MLMCLM_CHECK_TIER=1): every test that
-starts no process, plus one spawned end-to-end run. `make test` runs every test, marked or not.
+`make check` is the inner loop's tier (pytest -m "not slow or check"): every test that starts no process, plus one
+spawned end-to-end run. `make test` runs every test, marked or not.
 
 SLOW: a test that starts a process (ranks through `launch.spawn`, torchrun, NeMo-Run, the local Slurm, a CLI or a
 helper subprocess: the evaluation's tokenizer probe, the loader's `cat` or `curl` for a pipe or http location),
 directly or through a fixture. A module whose every test does is `ALL`; otherwise its tests are named (a
-parametrized test by its function's name). A new test that starts a process goes here: under MLMCLM_CHECK_TIER=1 a
-test that is not marked and starts one fails, naming what it started. A test listed that no longer starts a process
-only costs the fast tier a test. (A process started by a session-scoped fixture before the test's own set-up is
+parametrized test by its function's name). A new test that starts a process goes here: in any run (`make test`
+too) a test that is not marked and starts one fails, naming what it started. A test listed that no longer starts a
+process only costs the fast tier a test. (A process started by a session-scoped fixture before the test's own set-up is
 not seen.)
 
 CHECK_RUN: the one spawned run of the fast tier: CLM then MLM on 2 ranks at TP=2 (megatron-core over gloo, the
