@@ -3,8 +3,9 @@ a deadline that cuts a section is reported "not reached", never "failed", and th
 
 `gpu_deadline` is checked in this process (a deadline inside a sleep, a process group started in its own session);
 then each section runs on CPU under a shortened budget as the shell runs it (`gpu_session.py run`, its own
-process), and must end before the shell's `timeout` would kill it (budget + MARGIN_S): most budgets here end inside
-the section's imports, model builds or runs, which is where the old sections overran."""
+process), and must end before the shell's `timeout` would kill it (budget + MARGIN_S): on a loaded machine most
+budgets here end inside the section's imports, model builds or runs, which is where the old sections overran;
+determinism's ends inside its runs on any host seen."""
 import json
 import os
 import subprocess
@@ -21,8 +22,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_deadline  # noqa: E402
 import gpu_session  # noqa: E402
 
-# Short enough to cut the sections with processes (determinism's runs, train_check's torchrun launches) mid-way.
-BUDGETS = {"environment": 6, "speed_bf16": 12, "speed_fp8": 6, "memory": 10, "determinism": 16,
+# Short enough to cut the sections with processes (determinism's runs, train_check's torchrun launches) mid-way on
+# a loaded machine. determinism's is below what it needs on the fastest idle host seen (an Intel Xeon, 2 cores: done
+# in 13-15 s; at 7 s its three ranks had started), so every run of this test sees a section cut: at 16 s an idle run
+# there cut none and the test failed (CI of 88814b0).
+BUDGETS = {"environment": 6, "speed_bf16": 12, "speed_fp8": 6, "memory": 10, "determinism": 7,
            "train_check": 16, "features": 10}
 
 
@@ -76,4 +80,4 @@ def test_each_section_ends_before_its_deadline_under_a_short_budget(tmp_path):
     assert summary["not_run"] == ["install"]
     assert {n: s["status"] for n, s in summary["sections"].items() if n != "install"} == {
         n: status for n, (status, _) in results.items()}
-    assert "not reached" in {status for status, _ in results.values()}  # the budgets did cut some sections
+    assert results["determinism"][0] == "not reached", results  # the budgets did cut a section with processes
