@@ -7,7 +7,8 @@
 
 Everything lives in DIR (its own munge key and socket, configuration, state, spool, logs, PID files); the daemons
 listen on 127.0.0.1 only (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`, every address 127.0.0.1), on
-ports free when the cluster came up, below the kernel's ephemeral range (no outgoing connection takes them first). The nodes `n1`, `n2` are two `slurmd -N` on this host, each advertising `cpus` CPUs
+ports free when the cluster came up, below the kernel's ephemeral range (no outgoing connection takes them first).
+The nodes `n1`, `n2` are two `slurmd -N` on this host, each advertising `cpus` CPUs
 (`SlurmdParameters=config_overrides`: more than the machine has is allowed). The settings are the ones that run in
 a container without systemd or cgroups (linuxproc process tracking, no task plugin, no accounting), with
 scheduling every second, a 5 s credential lifetime so a requeued job restarts in seconds, and jobs kept visible to
