@@ -33,15 +33,16 @@ TEST_WORKERS ?= 2
 
 # The inner loop's tier: every test that starts no process, and one spawned CLM→MLM run on 2 ranks
 # (tests/suite_tiers.py). A test outside SLOW that starts a process fails (in `make test` too). Not a substitute for
-# `make test`, which runs all of these and the rest. 70 s here for 1047 tests (2026-12-06, idle; 227 s under a load of
-# 4-7). In one process: two xdist workers took as long (75 s), so it does not use them (docs/performance.md).
+# `make test`, which runs all of these and the rest. 60 s for 1063 tests (2026-12-07, an Intel Xeon, idle; 70 s for
+# 1047 on the AMD EPYC, 2026-12-06). In one process: two xdist workers took as long (75 s), so it does not use them
+# (docs/performance.md).
 check: setup  ## the fast tier: tests that start no process plus one spawned end-to-end run (<= 5 min)
 	$(PY) -m pytest -q -m "not slow or check" $(PYTEST_ARGS)
 
-test: setup  ## the whole suite on CPU (~23 min on 2 cores; tests/cluster needs Slurm)
+test: setup  ## the whole suite on CPU (~18-25 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
-	@echo "make test: the whole suite, ~1493 tests on 2 workers; 22 min here (1313 s, 2026-12-06, clean-clone .ci/run of 0ad811e, 2 cores idle; docs/performance.md)"
+	@echo "make test: the whole suite, ~1495 tests on 2 workers; 18-25 min on 2 idle cores (1121-1472 s in clean-clone .ci/runs of 2026-12-06/07, two hosts; docs/performance.md)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --max-worker-restart 0 $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).
