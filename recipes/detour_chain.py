@@ -20,6 +20,7 @@ from recipes import launch
 from recipes.detour import DetourPlan, export_run, import_task
 from recipes.detour_report import EVAL_DIR, RUNS, report_task
 from recipes.eval_job import EvalJob, EvalSuite, eval_task, job_checkout, slurm_eval_executor, slurm_script_executor
+from recipes.rank_task import as_launched
 
 
 @dataclass
@@ -99,7 +100,7 @@ def launch_family(plan: DetourPlan, evaluation: EvalJob | None, options: dict | 
     with run.Experiment(title, log_level="WARN", skip_status_at_exit=True, enable_goodbye_message=False) as exp:
         ids: dict[str, str] = {}
         for job in jobs:
-            ids[job.name] = exp.add(job.task, executor=job.executor, name=job.name,
+            ids[job.name] = exp.add(as_launched(job.task), executor=job.executor, name=job.name,
                                     dependencies=[ids[name] for name in job.after] or None)
         if dryrun:
             exp.dryrun(log=False, delete_exp_dir=False)

@@ -23,6 +23,7 @@ from recipes.interrupt import LocalInterrupt, no_new_tasks
 from recipes.overrides import Overrides, build, set_config_path, split_overrides  # noqa: F401
 from recipes.plan import training_plan
 from recipes.progress import RunProgress
+from recipes.rank_task import as_launched
 from recipes.task_outcome import (TaskFailedError, TaskInterruptedError, TaskPreemptedError,  # noqa: F401
                                   TaskRefusedError, interrupted_report, preemption_report, refusals, run_status,
                                   status_stamp, task_error)
@@ -146,7 +147,7 @@ def launch(tasks: list[tuple[str, run.Partial]], executor_kind: str, executor_op
             previous = None
             for name, partial in tasks:
                 executor = make_executor(executor_kind, partial, executor_options)
-                previous = exp.add(partial, executor=executor, name=name,
+                previous = exp.add(as_launched(partial), executor=executor, name=name,
                                    dependencies=[previous] if previous else None)
             statuses_before = {name: status_stamp(run_dir_of(partial)) for name, partial in tasks}
             if dryrun:  # NeMo-Run's own dump (an 80-column torchx structure) is replaced by print_local_dryrun
@@ -232,11 +233,12 @@ def print_local_dryrun(exp: run.Experiment, console) -> None:
     """For each task: the torchrun command NeMo-Run's local executor will run, with the environment it adds."""
     for job in exp.jobs:
         ex = job.executor
-        configs = sorted(Path(exp._exp_dir).glob(f"{job.id}/configs/*_fn_or_script"))
+        scripts = sorted(Path(exp._exp_dir).glob(f"{job.id}/scripts/{job.id}.sh"))
         env = " ".join(f"{k}={v!r}" for k, v in sorted(ex.env_vars.items()) if k != "PATH")
         print(redact(f"=== task {job.id}: will execute (NeMo-Run's local executor; nothing started by --dryrun)\n"
-                     f"torchrun --nnodes 1 --nproc-per-node {ex.ntasks_per_node} -m nemo_run.core.runners.fdl_runner "
-                     f"-n {job.id} {configs[0] if configs else '<task config>'}\n"
+                     f"torchrun --nnodes 1 --nproc-per-node {ex.ntasks_per_node} --no-python "
+                     f"{scripts[0] if scripts else '<task script>'}  (each rank: python -m recipes.rank, "
+                     f"the task in the script)\n"
                      f"environment added: {env} (and this Python's bin first on PATH); logs under {exp._exp_dir}"),
               file=console, flush=True)
 

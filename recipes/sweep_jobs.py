@@ -12,6 +12,7 @@ import nemo_run as run
 from recipes import launch
 from recipes.chain_progress import ChainProgress
 from recipes.interrupt import LocalInterrupt
+from recipes.rank_task import as_launched
 from recipes.sweep_plan import PlannedRun, branch_points
 
 
@@ -92,7 +93,8 @@ def launch_plan(runs: list[PlannedRun], executor_kind: str, executor_options: di
         for job in jobs:
             executor = launch.make_executor(executor_kind, job.partial, executor_options)
             depends = [job_ids[name] for name in job.after] if slurm and job.after else None
-            job_ids[job.name] = exp.add(job.partial, executor=executor, name=job.name, dependencies=depends)
+            job_ids[job.name] = exp.add(as_launched(job.partial), executor=executor, name=job.name,
+                                        dependencies=depends)
         for stage in stages:
             executor, task = stage_executor(stage, executor_kind, executor_options)
             depends = [job_ids[name] for name in stage.after] if slurm and stage.after else None

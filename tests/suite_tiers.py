@@ -249,6 +249,9 @@ SLOW = {
     ),
     "tests/recipes/test_mini_replication.py": ALL,
     "tests/recipes/test_phase_plan_recipe.py": ALL,
+    "tests/recipes/test_rank_task.py": (
+        "test_the_rank_refuses_a_bad_or_oversized_task_in_one_line_before_importing_the_trainer",
+    ),
     "tests/recipes/test_recipes_chain.py": ALL,
     "tests/recipes/test_recipes_cli_overrides.py": (
         "test_slurm_needs_an_account",

@@ -7,6 +7,7 @@ import torch
 from mlmclm.convert.dist_reader import DistCheckpointReader
 from mlmclm.model.hf_mapping import megatron_names
 from recipes.__main__ import main
+from recipes.rank import task_of_script
 
 MLM_LR = 1e-7  # so small that 2 MLM steps move no weight by more than ~2e-7
 
@@ -31,6 +32,11 @@ def test_mlm_task_starts_from_the_clm_tasks_checkpoint(nemo_home, tmp_path, tiny
     assert [p["objective"]["kind"] for p in mlm_config["phases"]] == ["mlm"]
     logs = "".join(p.read_text() for p in Path(nemo_home).rglob("*.log") if "tiny_mlm" in str(p))
     assert f"initialised weights from {clm_final}" in logs
+    # each task's ranks ran its script (python -m recipes.rank): the config each run recorded is the one in it
+    for name, run_dir in (("tiny_clm", clm_dir), ("tiny_mlm", mlm_dir)):
+        (script,) = Path(nemo_home).rglob(f"{name}/scripts/{name}.sh")
+        recorded = json.loads(next((run_dir / "checkpoints").glob("iter_*/run_config.json")).read_text())
+        assert task_of_script(script.read_text())[0] == recorded, name
 
     # The MLM run's first checkpoint equals the CLM's final weights up to its tiny learning rate, while CLM
     # training itself moved the weights by far more between its own checkpoints (so a fresh start would show).

@@ -1,13 +1,13 @@
 """The paper's pretraining grid as data, its plan, and one command that dry-runs it on Slurm or runs it on CPU."""
 from pathlib import Path
 
-import fiddle as fdl
 import pytest
-from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
 
 from mlmclm.model.memory import GIB, H100_80GB_BYTES
 from recipes import grid, registry, sweep
+from mlmclm.train.config import TrainConfig
 from recipes.base import validate
+from recipes.rank import task_of_script
 
 
 def _cfg(entry):
@@ -146,9 +146,8 @@ def test_slurm_dryrun_of_the_whole_paper_grid(nemo_home, tmp_path, capsys):
     assert "610m-clm-42k  ← after 610m-clm-42k-until-40000" in out
     assert "610m-clm-dec42k-mlm40-44k  ← after 610m-clm-42k\n" in out
     assert all("#SBATCH --nodes=12" in text.splitlines() for text in scripts.values())
-    (serialised,) = Path(nemo_home).rglob("configs/610m-clm-dec42k-mlm40-64k_fn_or_script")
-    partial = ZlibJSONSerializer().deserialize(serialised.read_text())
-    cfg = fdl.build(partial.config)
+    (script,) = Path(nemo_home).rglob("scripts/610m-clm-dec42k-mlm40-64k.sh")
+    cfg = TrainConfig.from_dict(task_of_script(script.read_text())[0])
     assert cfg.checkpoint.init_from == "/checkpoints/mlmclm/610m-clm-42k" and cfg.total_steps == 22_000
     assert cfg.model.max_position_embeddings == 2048
 
@@ -174,7 +173,7 @@ def test_slurm_branches_depend_on_the_segment_that_writes_their_checkpoint(nemo_
     for clm_k in (3, 6, 9):
         assert depends[f"610m-clm-{clm_k}k-mlm40-12k"] == [sweep.segment_name("610m-clm-42k", clm_k * 1000)]
     assert depends["610m-clm-12k"] == [sweep.segment_name("610m-clm-42k", 10_000)]
-    stops = {job.id: fdl.build(job.task.config).checkpoint.stop_at for job in exp.jobs}
+    stops = {job.id: task_of_script(job.task.inline)[0]["checkpoint"]["stop_at"] for job in exp.jobs}
     assert stops[chain[1]] == 6000 and stops["610m-clm-42k"] is None
 
 

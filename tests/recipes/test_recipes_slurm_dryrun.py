@@ -1,12 +1,10 @@
 """Slurm dry run of the 4-node 610m biphasic recipe: the sbatch script NeMo-Run would submit."""
 from pathlib import Path
 
-import fiddle as fdl
-import pytest
-from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
-
 from cluster.executors import BASE_IMAGE
+from mlmclm.train.config import TrainConfig
 from recipes.__main__ import main
+from recipes.rank import task_of_script
 
 IMAGE = "/lustre/images/mlmclm.sqsh"
 
@@ -35,13 +33,13 @@ def test_slurm_dryrun_writes_the_sbatch_script(nemo_home, tmp_path, capsys):
     assert "/lustre/fineweb:/data,/lustre/ckpt:/checkpoints" in srun
     assert ("torchrun --rdzv-backend c10d --rdzv-endpoint $head_node_ip:29500" in srun
             and "--nnodes 4 --nproc-per-node 8 --node-rank $SLURM_NODEID" in srun)
-    assert srun.endswith("-m nemo_run.core.runners.fdl_runner -n clm_mlm_610m "
-                         "/nemo_run/configs/clm_mlm_610m_fn_or_script")
-    # The task the script runs: the serialised recipe, as built with the overrides.
-    (serialised,) = Path(nemo_home).rglob("configs/clm_mlm_610m_fn_or_script")
-    partial = ZlibJSONSerializer().deserialize(serialised.read_text())
-    cfg = fdl.build(partial.config)
-    assert (partial.nodes, partial.gpus_per_node) == (4, 8)
+    # each rank runs the task's script (python -m recipes.rank; NeMo-Run's own runner is not imported there)
+    assert srun.endswith("--no-python /nemo_run/scripts/clm_mlm_610m.sh")
+    # The task the script runs: the recipe, as built with the overrides.
+    (script,) = Path(nemo_home).rglob("scripts/clm_mlm_610m.sh")
+    config, nodes, gpus_per_node = task_of_script(script.read_text())
+    cfg = TrainConfig.from_dict(config)
+    assert (nodes, gpus_per_node) == (4, 8)
     assert cfg.model.name == "eurobert-610m" and [p.objective.kind for p in cfg.phases] == ["clm", "mlm"]
     # the paper's random-length samples: micro batches of 12 (12 × 1030 tokens per forward on average), accumulated 6
     # times
@@ -60,8 +58,8 @@ def test_slurm_dryrun_of_a_chain_adds_the_dependent_task(nemo_home, tmp_path):
     assert set(scripts) == {"clm_610m_sbatch.sh", "cpt_610m_sbatch.sh"}
     assert "#SBATCH --nodes=4" in scripts["clm_610m_sbatch.sh"]
     assert "#SBATCH --nodes=2" in scripts["cpt_610m_sbatch.sh"]
-    (serialised,) = Path(nemo_home).rglob("configs/cpt_610m_fn_or_script")
-    cpt = fdl.build(ZlibJSONSerializer().deserialize(serialised.read_text()).config)
+    (script,) = Path(nemo_home).rglob("scripts/cpt_610m.sh")
+    cpt = TrainConfig.from_dict(task_of_script(script.read_text())[0])
     assert cpt.checkpoint.init_from == "/checkpoints/mlmclm/610m-clm-31.5k"
 
 
@@ -151,5 +149,5 @@ def test_a_dry_run_prints_no_credential_of_the_data_location(nemo_home, tmp_path
     out = capsys.readouterr()
     assert secret not in out.out + out.err
     assert "https://<redacted>@data.example.com/fw/manifest.json?X-Amz-Signature=<redacted>" in out.out
-    (serialised,) = Path(nemo_home).rglob("configs/tiny_clm_mlm_fn_or_script")
-    assert fdl.build(ZlibJSONSerializer().deserialize(serialised.read_text()).config).data.path == location
+    (script,) = Path(nemo_home).rglob("scripts/tiny_clm_mlm.sh")
+    assert task_of_script(script.read_text())[0]["data"]["path"] == location
