@@ -38,10 +38,10 @@ def test_the_script_carries_the_built_config_and_the_world_it_was_sized_for(tmp_
 
 
 @pytest.mark.parametrize("text, message", [
-    ("not base64 at all!", "not base64 of a JSON task"),
-    (encode_task({}, 1, 1).replace("e", "?", 1), "not base64"),
-    ("eyJhIjogMX0=", "not a training task"),  # {"a": 1}
-    (encode_task({"run_dir": "x"}, 0, 8), "positive integers"),
+    pytest.param("not base64 at all!", "not base64 of a JSON task", id="text"),
+    pytest.param(encode_task({}, 1, 1).replace("e", "?", 1), "not base64", id="a-character-off"),
+    pytest.param("eyJhIjogMX0=", "not a training task", id="other-json"),  # {"a": 1}
+    pytest.param(encode_task({"run_dir": "x"}, 0, 8), "positive integers", id="no-nodes"),
 ])
 def test_what_is_not_a_task_is_refused_naming_why(text, message):
     with pytest.raises(TaskDecodeError, match=message):
