@@ -220,7 +220,14 @@ def validate(partial: run.Partial) -> TrainConfig:
     Raises ValueError naming the problem: layout vs model, world size vs layout, global batch vs micro batch × DP,
     interleaved schedule, WSD schedule vs run length, and the CLM→MLM switch placed before the WSD decay.
     """
-    cfg: TrainConfig = fdl.build(partial.config)
+    try:
+        cfg: TrainConfig = fdl.build(partial.config)
+    except (ValueError, TypeError) as err:
+        # fiddle re-raises a proxy whose message adds the whole failed call (every TrainConfig argument, ~2 KB);
+        # the cause is what our config's own check raised, and that is what a refusal prints
+        while hasattr(err, "proxy_base_exception"):
+            err = err.proxy_base_exception
+        raise err from None
     cfg.num_microbatches(cfg.parallel.data_parallel_size(world_size(partial)))
     sched, steps = cfg.schedule, cfg.phase_steps()
     decay = sched.decay_for(cfg.total_steps)

@@ -47,6 +47,15 @@ def test_bad_overrides_are_rejected_clearly(item, message):
         launch.build("clm_mlm_610m", [item])
 
 
+def test_a_value_the_config_refuses_is_one_line_on_the_command_line(capsys):
+    """The config's own check, not fiddle's account of the whole call it failed in (~2 KB, every argument)."""
+    from recipes.__main__ import main
+
+    assert main(["tiny_clm", "steps=1", "run_dir=/tmp/unused", "--dryrun"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: schedule.warmup_steps 1 must be < total steps 1\n", err
+
+
 def test_recipe_parameters_of_the_right_type_pass():
     cfg = validate(launch.build("tiny_clm_mlm", ["steps=12", "lr=1", "run_dir=/tmp/unused"])[0])
     assert cfg.total_steps == 12 and cfg.optimizer.lr == 1   # an int is a fine value for a float parameter
