@@ -233,11 +233,11 @@ def print_local_dryrun(exp: run.Experiment, console) -> None:
     """For each task: the torchrun command NeMo-Run's local executor will run, with the environment it adds."""
     for job in exp.jobs:
         ex = job.executor
-        scripts = sorted(Path(exp._exp_dir).glob(f"{job.id}/scripts/{job.id}.sh"))
+        script = Path(exp._exp_dir) / job.id / "scripts" / f"{job.id}.sh"
         env = " ".join(f"{k}={v!r}" for k, v in sorted(ex.env_vars.items()) if k != "PATH")
         print(redact(f"=== task {job.id}: will execute (NeMo-Run's local executor; nothing started by --dryrun)\n"
                      f"torchrun --nnodes 1 --nproc-per-node {ex.ntasks_per_node} --no-python "
-                     f"{scripts[0] if scripts else '<task script>'}  (each rank: python -m recipes.rank, "
+                     f"{script if script.exists() else '<task script>'}  (each rank: python -m recipes.rank, "
                      f"the task in the script)\n"
                      f"environment added: {env} (and this Python's bin first on PATH); logs under {exp._exp_dir}"),
               file=console, flush=True)

@@ -4,7 +4,6 @@ is refused by the rank in one line."""
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import nemo_run as run
 import pytest
@@ -16,8 +15,7 @@ from recipes.detour import export_run
 from recipes.rank import MAX_TASK_BYTES, TaskDecodeError, decode_task, encode_task, task_of_script
 from recipes.rank_task import as_launched, rank_script
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("mlmclm", "recipes", "cluster", "tools", "benchmarks")
+from test_import_graph import PACKAGES, REPO, _import_graph, _module_name
 
 
 def test_the_script_carries_the_built_config_and_the_world_it_was_sized_for(tmp_path):
@@ -52,7 +50,7 @@ def test_what_is_not_a_task_is_refused_naming_why(text, message):
 
 def test_the_rank_refuses_a_bad_or_oversized_task_in_one_line_before_importing_the_trainer():
     for stdin in (b"garbage", b"A" * (MAX_TASK_BYTES + 8)):
-        proc = subprocess.run([sys.executable, "-m", "recipes.rank"], input=stdin, capture_output=True, cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "recipes.rank"], input=stdin, capture_output=True, cwd=REPO,
                               timeout=60)
         err = proc.stderr.decode()
         assert proc.returncode == 1 and err.startswith("error: ") and err.count("\n") == 1, err
@@ -61,30 +59,21 @@ def test_the_rank_refuses_a_bad_or_oversized_task_in_one_line_before_importing_t
 
 def test_the_ranks_module_and_everything_it_imports_import_no_nemo_run():
     """Statically, lazy in-function imports included: from recipes.rank through every project module it reaches
-    (recipes.entry, the whole trainer), no import of NeMo-Run, fiddle or leptonai (3.3 CPU-s a rank,
-    benchmarks/rank_startup.py)."""
-    paths = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-             for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
-
-    def imports(module: str) -> set[str]:
-        names = set()
+    (recipes.entry, the whole trainer; the import-graph test's graph), no import of NeMo-Run, fiddle or leptonai
+    (3.3 CPU-s a rank, benchmarks/rank_startup.py)."""
+    graph = _import_graph()
+    seen, todo = set(), ["recipes.rank"]
+    while todo:
+        if (module := todo.pop()) not in seen:
+            seen.add(module)
+            todo += graph[module]
+    paths = {_module_name(p): p for package in PACKAGES for p in (REPO / package).rglob("*.py")}
+    third_party = set()
+    for module in seen:
         for node in ast.walk(ast.parse(paths[module].read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+                third_party.add(node.module.split(".")[0])
             elif isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-        return names
-
-    seen, todo, third_party = set(), ["recipes.rank"], set()
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        for name in imports(module):
-            if name.split(".")[0] in PACKAGES:
-                todo += [name] if name in paths else []
-            else:
-                third_party.add(name.split(".")[0])
+                third_party |= {a.name.split(".")[0] for a in node.names}
     assert {"recipes.entry", "mlmclm.train.pretrain", "mlmclm.train.config"} <= seen
-    assert not third_party & {"nemo_run", "fiddle", "leptonai", "torchx"}, sorted(third_party)
+    assert not third_party & {"nemo_run", "fiddle", "leptonai", "torchx"}, sorted(third_party - set(PACKAGES))
