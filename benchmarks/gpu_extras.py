@@ -17,7 +17,7 @@ from gpu_trainer import (Trainer, copy_weights, free_memory, peak_memory_gib, pr
                          reset_peak_memory, synchronize)
 from mlmclm.data.random_length import SampleLengths
 from mlmclm.flops import flops_for_lengths, lm_head_fraction, mfu
-from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
+from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS
 from mlmclm.model.memory import GIB, RankLayout, estimate_peak_memory
 
 # The training default (chunked) and megatron's whole head, whose [tokens, vocab] logits the chunked one avoids.

@@ -27,7 +27,7 @@ from gpu_trainer import (PretrainBatches, Trainer, free_memory, host_syncs, peak
 from mlmclm.data.random_length import SampleLengths
 from mlmclm.flops import flops_for_lengths, lm_head_fraction, mfu
 from mlmclm.model import preset, wgrad_gemm
-from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
+from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 from mlmclm.data.random_length import SampleLengths, sample_lengths
 from mlmclm.model import PrecisionConfig, build_model, preset, set_causal
 from mlmclm.model.build import attention_path
-from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
+from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS
 from mlmclm.model.document_attention import DocumentLayout, attention_layout
 from mlmclm.model.sparse_head import flat_positions
 from mlmclm.objectives import ObjectiveConfig, build_objective

@@ -118,7 +118,7 @@ def smallest_chunk_within_bound(tokens: int, vocab: int, hidden: int, gpu: str =
 
 def main(argv=None) -> int:
     from mlmclm.model import preset
-    from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
+    from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="eurobert-1b")

@@ -113,7 +113,7 @@ def masked_batches(cfg: BenchConfig, kind: str = "mlm"):
 
 
 def chunk_tokens(cfg: BenchConfig) -> int:
-    from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS
+    from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS
 
     return cfg.chunk_tokens or DEFAULT_CHUNK_TOKENS
 

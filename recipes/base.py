@@ -16,7 +16,7 @@ from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
 from mlmclm.parallel.runtime import ParallelConfig
 from mlmclm.train.config import CheckpointConfig, DataConfig, LoggingConfig, PhaseConfig, TrainConfig, ValidationConfig
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from mlmclm.train.optim_config import OptimizerConfig, ScheduleConfig
 from recipes.entry import pretrain_entry
 
 # --- the paper's setup --------------------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _say(console, "[3/5] exporting to Hugging Face EuroBERT: CLM phase end, final, and a random-initialised baseline")
     from mlmclm.convert.to_hf import export_checkpoint
-    from mlmclm.train.checkpoint import TRAIN_STATE, latest_checkpoint
+    from mlmclm.train.checkpoint_files import TRAIN_STATE, latest_checkpoint
 
     final = latest_checkpoint(run_dir / "checkpoints")
     states = {p: json.loads((p / TRAIN_STATE).read_text()) for p in (run_dir / "checkpoints").glob("iter_*")}

@@ -29,7 +29,7 @@ import nemo_run as run
 
 from mlmclm.model.config import ModelConfig
 from mlmclm.parallel.runtime import ParallelConfig
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from mlmclm.train.optim_config import OptimizerConfig, ScheduleConfig
 from recipes.base import Phase, train_partial, validate
 
 # The published settings (recipes/README.md gives each one's source)
@@ -227,7 +227,7 @@ def export_run(run_dir: str, imported: str, target: str) -> str:
     kept when already there (a repeated family exports nothing again). A function, so that Slurm runs it as a job."""
     from mlmclm.convert.to_hf import TOKENIZER_SUBDIR, ExportConfig, convert_to_hf
     from mlmclm.export.sentence_transformers import SentenceTransformerLayout
-    from mlmclm.train import checkpoint as ckpt
+    from mlmclm.train import checkpoint_files as ckpt
 
     if not (Path(target) / "config.json").exists():
         tokenizer = ckpt.resolve_checkpoint(Path(imported)) / TOKENIZER_SUBDIR
@@ -242,7 +242,7 @@ def import_and_measure(source: str, imported: str, config_json: str, out: str, p
     import logging
 
     from mlmclm.convert.from_hf import ImportConfig, convert_from_hf
-    from mlmclm.train import checkpoint as ckpt
+    from mlmclm.train import checkpoint_files as ckpt
     from mlmclm.train.config import TrainConfig
     from mlmclm.train.held_out import measure_checkpoint
 

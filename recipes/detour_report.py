@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlmclm.train import checkpoint as ckpt
+from mlmclm.train import checkpoint_files as ckpt
 from recipes.detour_scores import MEAN, read_scores, score_text, scores_json
 
 MLM = "val/mlm/loss"

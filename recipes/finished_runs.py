@@ -38,7 +38,7 @@ def check_finished_run_unchanged(partial: run.Partial, host_dir: Path | None = N
     data identity is checked where the data is a local dataset (a remote run's may not be visible from here).
     `host_dir`: where this machine sees the run directory when that is not its configured path (a container's
     /checkpoints mount, recipes.sweep_plan.host_run_dir)."""
-    from mlmclm.train import checkpoint as ckpt
+    from mlmclm.train import checkpoint_files as ckpt
     from mlmclm.train.resume_check import check_resume_from
 
     cfg = validate(partial)

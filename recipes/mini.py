@@ -249,7 +249,7 @@ def export_all(planned, work: Path, console) -> dict[str, Path]:
     model of the same shape as the baseline."""
     from mlmclm.convert.to_hf import export_checkpoint
     from recipes.demo import random_baseline
-    from mlmclm.train.checkpoint import latest_checkpoint
+    from mlmclm.train.checkpoint_files import latest_checkpoint
 
     print(f"[3/5] exporting {len(planned)} final checkpoints to Hugging Face EuroBERT → {work / 'hf'}", file=console)
     exports = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 import nemo_run as run
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.train.checkpoint import LATEST_FILE
+from mlmclm.train.checkpoint_files import LATEST_FILE
 from recipes.eval_job import REPO, EvalJob, EvalSuite, eval_task, job_checkout, local_eval_executor, \
     slurm_eval_executor, slurm_script_executor
 from recipes.interrupt import launches_skipped

@@ -242,6 +242,7 @@ SLOW = {
         "test_the_family_on_slurm_is_one_dependency_chain",  # NeMo-Run's `mkdir -p` for each job's folder
         "test_the_report_puts_the_held_out_loss_beside_each_tasks_mean_and_ci_over_seeds",  # git rev-parse
     ),
+    "tests/recipes/test_driver_imports.py": ALL,
     "tests/recipes/test_detour_recipe.py": (
         "test_detour_refusals_are_one_line",
         "test_the_family_is_listed_and_runs_from_python_m_recipes",

@@ -136,7 +136,7 @@ def _check_model_dir(value: str, path: Path) -> None:
     if (path / "config.json").is_file():
         return
     # a run folder, its checkpoints/ or one iter_* checkpoint: what training writes, not what fine-tuning reads
-    from mlmclm.train.checkpoint import LATEST_FILE, TRAIN_STATE
+    from mlmclm.train.checkpoint_files import LATEST_FILE, TRAIN_STATE
 
     if any((path / name).exists() for name in ("checkpoints", LATEST_FILE, TRAIN_STATE)):
         raise ValueError(f"--model {value}: {path} is a training run, not an exported model; export it first: "

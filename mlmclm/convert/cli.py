@@ -13,7 +13,7 @@ from mlmclm.convert.hf_source import SourceError
 from mlmclm.convert.output import OutputExistsError
 from mlmclm.convert.verify import VerificationError
 from mlmclm.redact import install_log_redaction, redact
-from mlmclm.train.checkpoint import CheckpointError
+from mlmclm.train.checkpoint_files import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 
 USER_ERRORS = (CheckpointError, CheckpointReadError, UnsafeCheckpointError, UnsupportedModelError, SourceError,

@@ -1,8 +1,17 @@
-"""The encoders on megatron-core (EuroBERT, ModernBERT): config presets, layer specs, builder, HF weight mapping."""
-from mlmclm.model.build import build_model, is_causal, set_causal
-from mlmclm.model.config import PRESETS, ModelConfig, preset
-from mlmclm.model.precision import PrecisionConfig
-from mlmclm.model.rope import rope_theta, set_rope_theta
+"""The encoders on megatron-core (EuroBERT, ModernBERT): config presets, layer specs, builder, HF weight mapping.
 
-__all__ = ["PRESETS", "ModelConfig", "PrecisionConfig", "build_model", "is_causal", "preset", "rope_theta", "set_causal",
-           "set_rope_theta"]
+The names below load on first use: a process that only reads a config (`python -m recipes ... --help`, a dry run,
+the launcher that starts the ranks) does not import megatron-core for them."""
+from importlib import import_module
+
+_HOMES = {"build_model": "build", "is_causal": "build", "set_causal": "build", "PRESETS": "config",
+          "ModelConfig": "config", "preset": "config", "PrecisionConfig": "precision", "rope_theta": "rope",
+          "set_rope_theta": "rope"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlmclm.data.manifest import Manifest
-from mlmclm.train import checkpoint as ckpt
+from mlmclm.train import checkpoint_files as ckpt
 from mlmclm.train.resume_check import (FREE_ON_RESUME, IncompatibleCheckpointError, _covered, changed_fields,
                                        check_same_data_identity)
 

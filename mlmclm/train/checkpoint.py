@@ -27,7 +27,6 @@ from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mlmclm.atomic_write import write_atomic
-from mlmclm.bounded_read import FileRefusedError, read_regular_json, read_regular_text
 from mlmclm.model.weights import unwrap
 from mlmclm.parallel import current_device
 from mlmclm.train import checkpoint_guard
@@ -35,76 +34,16 @@ from mlmclm.train import rng_state
 from mlmclm.train import save_errors
 from mlmclm.train import te_extra_state
 from mlmclm.train.adam_step_state import fit_groups_to_fused_adam, keep_step_when_loading, keeps_step_per_parameter
+from mlmclm.train.checkpoint_files import (  # noqa: F401  (the folder layout's names, for checkpoint's users)
+    LATEST_FILE, RUN_CONFIG, TRAIN_STATE, CheckpointError, is_complete, iteration_dir, last_complete, latest_checkpoint,
+    read_json, resolve_checkpoint)
 from mlmclm.train.save_errors import CheckpointWriteError  # noqa: F401  (raised by save_checkpoint)
 
 checkpoint_guard.install()
 
 log = logging.getLogger(__name__)
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
-RUN_CONFIG = "run_config.json"
-TRAIN_STATE = "train_state.json"
 _SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-def iteration_dir(root: Path, iteration: int) -> Path:
-    return Path(root) / f"iter_{iteration:07d}"
-
-
-def is_complete(path: Path) -> bool:
-    return (path / "metadata.json").exists() and (path / RUN_CONFIG).exists() and (path / TRAIN_STATE).exists()
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The latest complete checkpoint under `root`, or None if there is none."""
-    pointer = Path(root) / LATEST_FILE
-    if not pointer.exists():
-        return None
-    try:
-        text = read_regular_text(pointer, limit=64, what="checkpoint pointer").strip()
-    except (FileRefusedError, UnicodeDecodeError) as err:
-        raise CheckpointError(str(err) if isinstance(err, FileRefusedError) else f"{pointer}: not text: {err}") from None
-    if not text.isdigit():
-        raise CheckpointError(f"{pointer} does not hold an iteration number: {text!r}")
-    path = iteration_dir(root, int(text))
-    if not is_complete(path):
-        raise CheckpointError(f"{pointer} names {path.name}, which is missing or incomplete")
-    return path
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory, a checkpoints directory, or an `iter_*` directory → a complete iteration directory."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint path {path} does not exist")
-    if path.name.startswith("iter_"):
-        if not is_complete(path):
-            raise CheckpointError(
-                f"{path} is not a complete checkpoint (needs metadata.json, {RUN_CONFIG} and {TRAIN_STATE})")
-        return path
-    for root in (path, path / "checkpoints"):
-        if (root / LATEST_FILE).exists():
-            return latest_checkpoint(root)
-    raise CheckpointError(f"{path} holds no checkpoint (no {LATEST_FILE} and not an iter_* directory)")
-
-
-def read_json(path: Path, name: str) -> dict:
-    file = Path(path) / name
-    if not file.exists():
-        raise CheckpointError(f"{file} is missing")
-    try:  # a checkpoint may be someone else's (init_from, a branch source): a FIFO or /dev/zero is refused, not read
-        value = read_regular_json(file, what="checkpoint file")
-    except FileRefusedError as err:
-        raise CheckpointError(str(err)) from None
-    except ValueError as err:
-        raise CheckpointError(f"{file}: not valid JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{file}: expected a JSON object, found {type(value).__name__}")
-    return value
 
 
 def model_sharded_state_dict(ddp_chunks) -> dict:
@@ -214,13 +153,6 @@ def _agreed_write(write, root: Path, staging: Path, iteration: int) -> None:
     dist.barrier()
     message = save_errors.describe(root, iteration, cause, save_errors.tree_bytes(last) if last else None, last)
     raise CheckpointWriteError(message) from failure
-
-
-def last_complete(root: Path) -> Path | None:
-    try:
-        return latest_checkpoint(root)
-    except CheckpointError:
-        return None
 
 
 def check_room(root: Path, iteration: int, last: Path | None) -> None:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from mlmclm import config_io
 from mlmclm.data.random_length import SampleLengths
-from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS, validate_chunk_tokens
+from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS, validate_chunk_tokens
 from mlmclm.model.config import ModelConfig, preset
 from mlmclm.model.precision import PrecisionConfig
 from mlmclm.objectives import ObjectiveConfig
 from mlmclm.parallel.runtime import ParallelConfig
 from mlmclm.path_names import check_plain_name, is_plain_name
-from mlmclm.train.optim import OptimizerConfig, ScheduleConfig
+from mlmclm.train.optim_config import OptimizerConfig, ScheduleConfig
 
 
 # More samples per step than this is a typo (global_batch_size=1e12), not a batch: refused when the config is built,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mlmclm.parallel.torchrun import REFUSED_EXIT_CODE  # noqa: F401  (the exit code the agent passes on to Slurm)
 from mlmclm.redact import redact
-from mlmclm.train.checkpoint import CheckpointError
+from mlmclm.train.checkpoint_files import CheckpointError
 from mlmclm.train.checkpoint_guard import UnsafeCheckpointError
 from mlmclm.train.run_lock import RunLockedError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlmclm.data.manifest import Manifest
 from mlmclm.model.config import ModelConfig
-from mlmclm.train import checkpoint as ckpt
+from mlmclm.train import checkpoint_files as ckpt
 from mlmclm.train.config import PHASE_MODEL_FIELDS, TrainConfig
 
 log = logging.getLogger(__name__)

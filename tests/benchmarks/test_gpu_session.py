@@ -18,7 +18,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_session.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_session  # noqa: E402
-from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS  # noqa: E402
+from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS  # noqa: E402
 
 # The CPU dry run takes 3-4 minutes on the 2-core development machine; the session's own budget bounds it.
 pytestmark = pytest.mark.timeout(900)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import head_roofline  # noqa: E402
 from mlmclm.model import preset  # noqa: E402
-from mlmclm.model.chunked_head import DEFAULT_CHUNK_TOKENS  # noqa: E402
+from mlmclm.model.head_chunks import DEFAULT_CHUNK_TOKENS  # noqa: E402
 
 PAPER = ("eurobert-210m", "eurobert-610m", "eurobert-1b", "eurobert-2.1b")
 

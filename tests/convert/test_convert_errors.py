@@ -16,7 +16,7 @@ from mlmclm.convert.hf_source import SourceError
 from mlmclm.convert.output import OutputExistsError
 from mlmclm.convert.to_hf import ExportConfig, convert_to_hf
 from mlmclm.model import ModelConfig
-from mlmclm.train.checkpoint import CheckpointError
+from mlmclm.train.checkpoint_files import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
 ITER = "iter_0000007"

@@ -14,7 +14,8 @@ from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mlmclm.model import wgrad_gemm
-from mlmclm.model.chunked_head import chunked_linear_cross_entropy, validate_chunk_tokens
+from mlmclm.model.chunked_head import chunked_linear_cross_entropy
+from mlmclm.model.head_chunks import validate_chunk_tokens
 
 TOKENS, HIDDEN, VOCAB = 53, 32, 1000
 
