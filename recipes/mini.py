@@ -49,13 +49,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--smoke-steps", type=int, default=None, help="fine-tuning steps per smoke run (default: "
                         "the smoke budget, 100)")
     parser.add_argument("--passages", type=int, default=None, help="held-back passages for fill-mask (default 60)")
+    parser.add_argument("--processes", type=int, default=None, help="ranks per training run (default: the tiny "
+                        "recipes' 2); each run's global batch stays 8 sequences whatever the number")
     parser.add_argument("--work", default=DEFAULT_WORK, help="data, runs, exports and evaluation")
     parser.add_argument("--out", default=DEFAULT_OUT, help="the table, figures and report")
     parser.add_argument("--force", action="store_true", help="overwrite an --out that holds other files")
     parser.add_argument("--plan", action="store_true", help="print the runs and their state; run nothing")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the step after training
     args = parser.parse_args(argv)
-    for name in ("steps", "cpt_steps", "smoke_steps", "passages"):
+    for name in ("steps", "cpt_steps", "smoke_steps", "passages", "processes"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_out(out, args.force)
         planned = sweep.build_plan("mini", run_root=str(work / "runs"), data_path=str(work / "data"),
-                                   grid_options=options)
+                                   grid_options=options,
+                                   params=None if args.processes is None else {"processes": args.processes})
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

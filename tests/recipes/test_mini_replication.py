@@ -2,7 +2,8 @@
 tiny scale — one seed, one CLM→MLM split, a few steps: six training jobs, the fewest that hold every kind of run —
 through the sweep, the branch, the HF export, fill-mask, the smoke fine-tuning and the report over pretraining seeds.
 Means and CIs over several seeds are checked on synthetic folders of the same format (tests/eval/test_seed_report.py);
-a second seed here would double the test's time (each job starts two megatron processes)."""
+a second seed here would double the test's time. One rank a run (`--processes 1`): the test is about the chain;
+two ranks through NeMo-Run are the local-run and Ctrl-C tests' (tests/recipes/conftest.py)."""
 import json
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def test_an_out_folder_with_other_files_is_refused(tmp_path, capsys):
 def test_the_command_end_to_end_at_a_tiny_scale(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     command = ["-m", "recipes", "grid", "mini", "--seeds", "3", "--steps", "8", "--cpt-steps", "4",
-               "--splits", "0.5", "--smoke-steps", "2", "--passages", "4", "--work", str(work), "--out", str(out)]
+               "--splits", "0.5", "--smoke-steps", "2", "--passages", "4", "--processes", "1", "--work", str(work),
+               "--out", str(out)]
     started = time.time()
     proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=570)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -65,6 +67,8 @@ def test_the_command_end_to_end_at_a_tiny_scale(tmp_path):
                runs / "mini-mlm40-dec8-mlm40-4-s3": 4}
     for run, steps in trained.items():
         assert checkpointed_step(run) == steps, run
+        state = json.loads((run / "checkpoints" / f"iter_{steps:07d}" / "train_state.json").read_text())
+        assert state["layout"] == {"dp": 1, "pp": 1, "tp": 1}, run  # --processes 1
     # the branch resumed from its parent's kept step-4 checkpoint and trained steps 5..8 only, all MLM
     assert (clm / "checkpoints" / "iter_0000004" / "train_state.json").exists()
     rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
@@ -111,3 +115,11 @@ def test_the_mini_grid_can_add_a_mask_schedule_branch_per_seed(tmp_path, capsys)
     with pytest.raises(SystemExit) as refused:
         mini.main(["--plan", "--mask-schedule", "0.4", "1.5", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
     assert refused.value.code == 2 and "--mask-schedule rates must be strictly between 0 and 1" in capsys.readouterr().err
+
+
+
+def test_ranks_per_run_below_one_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        mini.main(["--plan", "--processes", "0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
+    assert refused.value.code == 2 and "--processes must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
