@@ -33,6 +33,28 @@ launch.use_fork_server(["torch", "torch.distributed", "torch.distributed.tensor"
                         "torch._inductor.compile_fx"])
 
 
+def _import_the_demo_without_its_pin() -> None:
+    """Importing recipes.demo pins the CPU kernels in os.environ (mlmclm/cpu_kernels.py), once per process, for the
+    demo's own process and what it starts. In a pytest worker the first test to import it (the detour's twin data,
+    the demo's fill-mask test) ran with the pin set: what the worker first computed then kept the pinned kernels
+    for the rest of the session (ATen picks each kernel at its first call, MKL its reproducibility mode at its first
+    product), and so did a fork server started then, while every later subprocess ran unpinned: records that must
+    be equal bit for bit differed (test_grid_workers, CI of d34b47a, after that commit's imports moved the first
+    computations of a worker). The worker imports it here, before computing anything, with the pin left out; the
+    pin itself is tested in subprocesses (tests/test_cpu_kernels.py)."""
+    from mlmclm import cpu_kernels
+
+    pin = cpu_kernels.pin
+    cpu_kernels.pin = lambda: {}
+    try:
+        import recipes.demo  # noqa: F401
+    finally:
+        cpu_kernels.pin = pin
+
+
+_import_the_demo_without_its_pin()
+
+
 def _leftovers() -> list:
     """Processes this test session started that are still running, except multiprocessing's resource tracker and
     fork server (one each per session, shared by every spawn). The ranks forked from the server carry its command
