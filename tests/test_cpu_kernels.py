@@ -59,3 +59,13 @@ def test_the_demo_pins_before_anything_imports_torch():
                          env=_clean_env(), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[0] == "avx2"
+
+
+def test_a_test_that_imports_the_demo_leaves_the_pytest_worker_unpinned():
+    """tests/conftest.py imports recipes.demo before any test, without its pin: a test importing it must not pin this
+    process, whose first MKL product fixes MKL's mode for the whole session (CNR:COMPATIBLE after the environment
+    is put back, MKL_VERBOSE) while its subprocesses run unpinned."""
+    before = {name: os.environ.get(name) for name in cpu_kernels.PINNED}
+    import recipes.demo  # noqa: F401
+
+    assert {name: os.environ.get(name) for name in cpu_kernels.PINNED} == before
