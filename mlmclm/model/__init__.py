@@ -1,7 +1,7 @@
 """The encoders on megatron-core (EuroBERT, ModernBERT): config presets, layer specs, builder, HF weight mapping.
 
-The names below load on first use: a process that only reads a config (`python -m recipes ... --help`, a dry run,
-the launcher that starts the ranks) does not import megatron-core for them."""
+The names below load on first use: a process that only reads a config (`python -m recipes ... --help`, a recipe's
+or the sweep's dry run, tests/recipes/test_driver_imports.py) does not import megatron-core for them."""
 from importlib import import_module
 
 _HOMES = {"build_model": "build", "is_causal": "build", "set_causal": "build", "PRESETS": "config",
