@@ -42,7 +42,7 @@ check: setup  ## the fast tier: tests that start no process plus one spawned end
 test: setup  ## the whole suite on CPU (~18-25 min on 2 cores; tests/cluster needs Slurm)
 	@$(PY) -m cluster.local_slurm check >/dev/null || echo "note: tests/cluster (a real local Slurm) will be skipped: \
 	no Slurm here. Get it with: make slurm-install (root; Debian: apt-get install slurmctld slurmd slurm-client munge)"
-	@echo "make test: the whole suite, ~1505 tests on 2 workers; 18-25 min on 2 idle cores (1121-1472 s in clean-clone .ci/runs of 2026-12-06/07, two hosts; docs/performance.md)"
+	@echo "make test: the whole suite, ~1506 tests on 2 workers; 18-25 min on 2 idle cores (1111-1472 s in clean-clone .ci/runs of 2026-12-06/07, two hosts; docs/performance.md)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --max-worker-restart 0 $(PYTEST_ARGS)
 
 # Debian's Slurm and MUNGE packages, for tests/cluster and `python -m cluster.local_slurm up DIR` (needs root).
